@@ -1,0 +1,172 @@
+"""Global calibration constants: stored values, and their fit by gradient descent.
+
+The model has a handful of efficiency constants that no spec sheet gives (a kernel's fixed cost,
+how much of the HBM bandwidth element-wise kernels reach, how much communication the software
+hides). They are global — one value for every device, model and layout — and
+``hetersim calibrate`` fits them to the published runs by gradient descent through the
+differentiable model (Adam on the mean absolute log error of step time). The result is stored in
+``catalog/calibration.toml`` with the date, the data and the error it reached. Each constant is
+kept inside physical bounds by a sigmoid, so the fit cannot wander into nonsense.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import tomllib
+from collections.abc import Callable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .build import calibration_spec
+from .specs import Calibration
+
+# name: (lower, upper, unit / meaning)
+BOUNDS: dict[str, tuple[float, float, str]] = {
+    "kernel_overhead_us": (0.5, 40.0, "us per kernel launch (launch latency + tail)"),
+    "mem_bw_eff": (0.4, 0.95, "fraction of HBM bandwidth reached by element-wise kernels"),
+    "tp_overlap": (0.0, 0.95, "fraction of tensor-parallel traffic hidden"),
+    "dp_overlap": (0.0, 1.0, "fraction of the backward/forward window usable to hide DP traffic"),
+    "pp_overlap": (0.0, 0.95, "fraction of pipeline point-to-point traffic hidden"),
+}
+
+
+def calibration_path() -> Path:
+    return Path(str(resources.files("hetersim") / "catalog" / "calibration.toml"))
+
+
+def load_calibration(path: str | Path | None = None) -> dict[str, float]:
+    """The stored calibration values (``[values]`` table of ``calibration.toml``)."""
+    path = Path(path) if path else calibration_path()
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{path}: cannot read calibration ({e})") from None
+    values = doc.get("values", {})
+    missing = [k for k in BOUNDS if k not in values]
+    if missing:
+        raise ValueError(f"{path}: [values] lacks {', '.join(missing)}")
+    return {k: float(values[k]) for k in BOUNDS}
+
+
+def _to_unconstrained(values: Mapping[str, float]) -> jnp.ndarray:
+    out = []
+    for k, (lo, hi, _) in BOUNDS.items():
+        x = np.clip((values[k] - lo) / (hi - lo), 1e-4, 1 - 1e-4)
+        out.append(np.log(x / (1 - x)))
+    return jnp.array(out, jnp.float32)
+
+
+def _to_values(z: jnp.ndarray) -> Calibration:
+    vals = {}
+    for i, (k, (lo, hi, _)) in enumerate(BOUNDS.items()):
+        vals[k] = lo + (hi - lo) * jax.nn.sigmoid(z[i])
+    return Calibration(**vals)
+
+
+def fit(
+    predict: Callable[[Calibration], Any],
+    measured: np.ndarray,
+    mask: np.ndarray,
+    start: Mapping[str, float],
+    steps: int = 400,
+    lr: float = 0.05,
+) -> tuple[dict[str, float], list[float]]:
+    """Adam on ``mean(sqrt(log(pred/meas)^2 + eps))`` over ``mask``ed rows; returns values and loss
+    history. ``predict(cal)`` returns (step_time_s, feasible) arrays for all rows."""
+    meas = jnp.asarray(measured, jnp.float32)
+    w = jnp.asarray(mask, jnp.float32)
+
+    def loss(z):
+        pred, _ = predict(_to_values(z))
+        r = jnp.log(jnp.maximum(pred, 1e-9) / meas)
+        return jnp.sum(w * jnp.sqrt(r * r + 1e-4)) / jnp.sum(w)
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss))
+    z = _to_unconstrained(start)
+    m = jnp.zeros_like(z)
+    v = jnp.zeros_like(z)
+    history = []
+    b1, b2 = 0.9, 0.999
+    for t in range(1, steps + 1):
+        val, g = value_and_grad(z)
+        history.append(float(val))
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        z = z - lr * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + 1e-8)
+    cal = _to_values(z)
+    return {k: float(getattr(cal, k)) for k in BOUNDS}, history
+
+
+def write_calibration(path: str | Path, values: Mapping[str, float], meta: Mapping[str, Any]) -> None:
+    """Write ``calibration.toml`` (values, bounds, provenance) atomically."""
+    path = Path(path)
+    lines = [
+        "# Global calibration constants of the HeterSim cost model.",
+        "# Written by `hetersim calibrate`; do not edit by hand: rerun the fit.",
+        "",
+        "[fit]",
+    ]
+    for k, v in meta.items():
+        lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
+    lines += ["", "[values]"]
+    for k, v in values.items():
+        lines.append(f"{k} = {float(v):.6g}  # {BOUNDS[k][2]}; bounds [{BOUNDS[k][0]}, {BOUNDS[k][1]}]")
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def today() -> str:
+    return _dt.date.today().isoformat()
+
+
+def as_spec(values: Mapping[str, float]) -> Calibration:
+    return calibration_spec(values)
+
+
+def calibrate(
+    runs_path: str | Path | None = None,
+    catalog=None,
+    steps: int = 300,
+    start: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """Fit the constants to the runs of ``runs_path`` (default: the packaged published runs).
+
+    Rows the model judges infeasible under the starting values are left out of the fit (they
+    count as 100% error in ``validate`` whatever the constants). Returns the fitted values, the
+    loss history and the validation summaries before and after.
+    """
+    from . import validation
+    from .catalog import load_catalog
+
+    catalog = catalog or load_catalog()
+    path = Path(runs_path) if runs_path else validation.default_runs_path()
+    rows = validation.read_runs(path)
+    start = dict(start or load_calibration())
+    cal0 = as_spec(start)
+    prep = validation.prepare(rows, catalog, cal0, str(path))
+    feasible = np.asarray(validation.predict(prep, cal0).infeasible) == 0
+
+    def predict(cal):
+        out = validation.predict(prep, cal)
+        return out.step_time_s, out.infeasible
+
+    values, history = fit(predict, prep.measured, feasible, start, steps=steps)
+    before = validation.validate(rows, catalog, cal0, str(path))
+    after = validation.validate(rows, catalog, as_spec(values), str(path))
+    meta = {
+        "date": today(),
+        "data": path.name,
+        "n_runs": len(rows),
+        "n_fitted": int(feasible.sum()),
+        "steps": steps,
+        "loss": "mean |log(predicted / measured step time)|",
+        "final_loss": round(history[-1], 5),
+        "mape_step_time_pct": round(after["mape_step_time_pct"], 2),
+    }
+    return {"values": values, "history": history, "before": before, "after": after, "meta": meta}

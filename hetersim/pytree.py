@@ -1,0 +1,42 @@
+"""Frozen dataclasses registered as JAX pytrees (the equinox/jax-md habit).
+
+Every field of a spec is a leaf (a JAX array or a Python number that becomes one); no field is
+static, so a new value never triggers a recompile: only the *structure* of a spec (which class,
+array shapes) is part of a trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+T = TypeVar("T")
+
+
+def spec(cls: type[T]) -> type[T]:
+    """Make ``cls`` a frozen dataclass whose fields are all pytree leaves."""
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    return jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
+
+
+def as_arrays(obj: T, dtype: Any = jnp.float32) -> T:
+    """Return ``obj`` with every leaf converted to a JAX array.
+
+    Floating leaves take ``dtype``; integer-coded leaves (names ending in ``_code``) stay int32.
+    """
+
+    def conv(path, leaf):
+        name = getattr(path[-1], "name", "")
+        if name.endswith("_code"):
+            return jnp.asarray(leaf, dtype=jnp.int32)
+        return jnp.asarray(leaf, dtype=dtype)
+
+    return jax.tree_util.tree_map_with_path(conv, obj)
+
+
+def replace(obj: T, **changes: Any) -> T:
+    return dataclasses.replace(obj, **changes)

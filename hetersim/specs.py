@@ -1,0 +1,126 @@
+"""The three inputs of the cost model, plus its calibration constants.
+
+``ModelSpec`` (what is trained), ``SystemSpec`` (the hardware), ``Plan`` (how it is laid out and
+trained) and ``Calibration`` (global efficiency constants fitted by ``hetersim calibrate``).
+Every field is a leaf: a scalar for one configuration, an array with a leading batch axis under
+``jax.vmap``. Counts are stored as floats (parameter, byte and FLOP counts overflow int32);
+discrete choices are ``*_code`` int32 leaves whose meanings live in :mod:`hetersim.types`.
+Fixed-size arrays hold the memory tiers (``N_TIERS``), network levels (``N_LEVELS``) and the
+precisions (``PRECISION`` order), so that every configuration of a study has the same shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .pytree import spec
+
+
+@spec
+class ModelSpec:
+    """A decoder-only transformer (LLaMA/GPT family)."""
+
+    layers: Any
+    hidden: Any
+    heads: Any
+    kv_heads: Any  # < heads: grouped-query attention
+    ffn_hidden: Any
+    vocab: Any
+    gated: Any  # 1: SwiGLU (three MLP matrices, LLaMA); 0: plain two-matrix MLP (GPT)
+    dropout: Any  # 1: the model trains with dropout (GPT-3, Megatron GPT); 0: LLaMA
+    rope: Any  # 1: rotary position embedding applied to q and k
+    tied_embeddings: Any  # 1: the LM head shares the input embedding matrix
+
+
+@spec
+class DeviceSpec:
+    """One accelerator kind."""
+
+    peak_tflops: Any  # [4] dense peak per precision (PRECISION order); 0 = unsupported
+    gemm_eff: Any  # [4] measured best-case matmul throughput / dense peak
+    attn_eff_fwd: Any  # flash-attention forward throughput / bf16 dense peak
+    attn_eff_bwd: Any  # flash-attention backward throughput / bf16 dense peak
+    hbm_capacity_GiB: Any
+    hbm_bw_GBps: Any
+    tdp_W: Any
+    price_usd_per_hour: Any
+
+
+@spec
+class NetworkSpec:
+    """Network levels, innermost first (scale-up domain, intermediate, scale-out).
+
+    ``domain_gpus[l]`` GPUs share level ``l`` (8 for an HGX node, 72 for NVL72, everything for the
+    scale-out fabric). ``bw_GBps`` is per GPU and per direction; ``busbw_eff`` the measured
+    fraction of it that NCCL collectives reach; ``latency_us`` the per-step latency.
+    """
+
+    domain_gpus: Any  # [N_LEVELS]
+    bw_GBps: Any  # [N_LEVELS]
+    busbw_eff: Any  # [N_LEVELS]
+    latency_us: Any  # [N_LEVELS]
+
+
+@spec
+class HostSpec:
+    """The host side of a node, and the memory tiers beyond HBM (TIER order, index 0 unused).
+
+    ``tier_path_GBps`` is the bandwidth one GPU gets to a tier when all GPUs that share the path
+    use it at once (the narrowest link of the path divided by its sharers).
+    """
+
+    gpus_per_node: Any
+    tier_present: Any  # [N_TIERS] 1 where the node has the tier
+    tier_capacity_GiB: Any  # [N_TIERS] per node
+    tier_path_GBps: Any  # [N_TIERS] per GPU, GPU <-> tier, per direction
+    tier_latency_ns: Any  # [N_TIERS]
+    cpu_adam_Gparams_per_s: Any  # host CPU Adam update throughput (whole node, local DRAM)
+    cpu_adam_tier_slowdown: Any  # [N_TIERS] CPU-Adam time multiplier when states live on a tier
+
+
+@spec
+class SystemSpec:
+    device: DeviceSpec
+    network: NetworkSpec
+    host: HostSpec
+
+
+@spec
+class Plan:
+    """Parallel layout and training options of one run."""
+
+    n_gpus: Any
+    tp: Any
+    pp: Any
+    vp: Any  # virtual pipeline chunks per stage (interleaved 1F1B when > 1)
+    dp: Any
+    cp: Any
+    sp: Any  # 1: Megatron sequence parallelism
+    zero: Any  # 0..3
+    micro_batch: Any
+    global_batch: Any
+    seq_len: Any
+    train_tokens: Any  # token budget for time/cost/energy to train
+    recompute_code: Any  # types.RECOMPUTE
+    precision_code: Any  # types.PRECISION
+    attention_code: Any  # types.ATTENTION
+    order_code: Any  # types.ORDER
+    offload_tier_code: Any  # [4] tier per OFFLOAD_STATE (0 = stays in HBM)
+    cpu_optimizer: Any  # 1: the optimizer step runs on the host CPU (DeepSpeed CPU-Adam)
+    bucket_Mparams: Any  # DP/ZeRO collective granularity in 1e6 parameters; 0 = the stack default
+
+
+@spec
+class Calibration:
+    """Global efficiency constants: same for every device, model and layout.
+
+    Initial values come from measurements (see ``catalog/calibration.toml``); ``hetersim
+    calibrate`` refines them by gradient descent on the published runs and stores the result with
+    its date and data.
+    """
+
+    kernel_overhead_us: Any  # fixed time per kernel launch (launch + tail)
+    mem_bw_eff: Any  # fraction of HBM bandwidth reached by element-wise kernels
+    tp_overlap: Any  # fraction of tensor-parallel communication hidden behind GEMMs
+    dp_overlap: Any  # fraction of the backward/forward window usable to hide DP/FSDP traffic
+    pp_overlap: Any  # fraction of pipeline point-to-point traffic hidden

@@ -1,0 +1,1 @@
+"""Cost terms: pure functions of one configuration returning seconds, bytes or FLOPs."""

@@ -1,0 +1,172 @@
+"""Compute time of one transformer layer, the LM head and the optimizer on one GPU.
+
+GEMM time follows a roofline with a fixed per-kernel cost: ``max(F / (P * e), B / W) + t_k``,
+where ``e`` is the measured best-case matmul efficiency of the device (MAMF tables), ``B`` the
+bytes the GEMM reads and writes and ``W`` the HBM bandwidth reached by streaming kernels. The
+fixed cost makes efficiency depend on size: small GEMMs (small hidden, high TP) reach less.
+Attention uses flash-attention kernels (no s x s score matrix) unless the plan asks for the
+materialised form; FLOPs of the attention backward are 2.5x the forward (FlashAttention-2 paper,
+Dao 2023, §4.1 benchmark convention). Element-wise work (norms, residuals, activation functions,
+rotary embedding, FP8 casts, dropout) is priced by the bytes it moves.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
+from ..units import GB, TFLOP, US
+from ._safe import safe_div
+from .flops import kv_ratio, n_mlp_matrices
+
+BF16, FP16, FP8, FP32 = 0, 1, 2, 3
+
+
+def act_bytes(plan: Plan):
+    """Bytes per activation element: 4 in fp32 training, else 2 (FP8 runs keep bf16 activations)."""
+    return jnp.where(plan.precision_code == FP32, 4.0, 2.0)
+
+
+def gemm_rate(dev: DeviceSpec, plan: Plan):
+    """FLOP/s a large GEMM reaches in the plan's precision (peak x measured efficiency)."""
+    idx = plan.precision_code
+    return dev.peak_tflops[idx] * dev.gemm_eff[idx] * TFLOP
+
+
+def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0):
+    """Seconds of ``count`` GEMMs (M x K) @ (K x N)."""
+    flops = 2.0 * M * N * K
+    in_bytes = jnp.where(plan.precision_code == FP8, 1.0, act_bytes(plan))
+    nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
+    t_flops = safe_div(flops, gemm_rate(dev, plan), 1e9)
+    t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
+    return count * (jnp.maximum(t_flops, t_mem) + cal.kernel_overhead_us * US)
+
+
+def stream_s(dev: DeviceSpec, cal: Calibration, nbytes, kernels):
+    """Memory-bound kernels moving ``nbytes`` through HBM."""
+    return safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff) + kernels * cal.kernel_overhead_us * US
+
+
+def layer_gemm_shapes(m: ModelSpec, plan: Plan):
+    """(M, N, K) of the forward GEMMs of one layer on one tensor-parallel rank."""
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    h, f, t = m.hidden, m.ffn_hidden, plan.tp
+    return [
+        (T, h * (1.0 + 2.0 * kv_ratio(m)) / t, h),  # fused QKV projection
+        (T, h, h / t),  # attention output projection
+        (T, (n_mlp_matrices(m) - 1.0) * f / t, h),  # MLP up (+ gate, fused)
+        (T, h, f / t),  # MLP down
+    ]
+
+
+def layer_gemm_fwd_s(dev, cal, m, plan):
+    return sum(gemm_s(dev, cal, plan, M, N, K) for (M, N, K) in layer_gemm_shapes(m, plan))
+
+
+def layer_gemm_bwd_s(dev, cal, m, plan):
+    """Backward: a data-gradient and a weight-gradient GEMM per forward GEMM."""
+    total = 0.0
+    for M, N, K in layer_gemm_shapes(m, plan):
+        total = total + gemm_s(dev, cal, plan, M, K, N) + gemm_s(dev, cal, plan, K, N, M)
+    return total
+
+
+def attention_flops_fwd(m: ModelSpec, plan: Plan):
+    """Forward FLOPs of QK^T and PV on one rank; causal masking skips half the blocks.
+
+    With context parallelism each rank holds s/cp queries against the whole sequence's keys
+    (load-balanced ring attention).
+    """
+    b, s = plan.micro_batch, plan.seq_len
+    return 4.0 * b * (s / plan.cp) * s * m.hidden / plan.tp * 0.5
+
+
+def attention_fwd_s(dev, cal, m, plan):
+    flops = attention_flops_fwd(m, plan)
+    bf16 = dev.peak_tflops[BF16] * TFLOP
+    flash = safe_div(flops, bf16 * dev.attn_eff_fwd, 1e9) + cal.kernel_overhead_us * US
+    return jnp.where(plan.attention_code == 0, flash, _materialized_s(dev, cal, m, plan, 1.0))
+
+
+def attention_bwd_s(dev, cal, m, plan):
+    flops = 2.5 * attention_flops_fwd(m, plan)
+    bf16 = dev.peak_tflops[BF16] * TFLOP
+    flash = safe_div(flops, bf16 * dev.attn_eff_bwd, 1e9) + 2.0 * cal.kernel_overhead_us * US
+    return jnp.where(plan.attention_code == 0, flash, _materialized_s(dev, cal, m, plan, 2.0))
+
+
+def _materialized_s(dev, cal, m, plan, passes):
+    """Attention with an s x s score matrix (pre-flash Megatron): two batched GEMMs per head and
+    a fused scale-mask-softmax plus dropout over ``b*a/t*s^2`` elements (no causal skipping).
+
+    Bytes per score element in the forward: softmax reads and writes it (2+2), dropout reads it,
+    writes it and a 1-byte mask (2+2+1): 9 bytes; the backward moves about twice that.
+    """
+    b, s, a = plan.micro_batch, plan.seq_len, m.heads
+    sq = s / plan.cp
+    d = m.hidden / a
+    heads = a / plan.tp
+    gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads) + gemm_s(dev, cal, plan, sq, d, s, count=b * heads)
+    elems = b * heads * sq * s
+    ew = stream_s(dev, cal, elems * (4.0 + 5.0 * m.dropout), 2.0)
+    return passes * (gem + ew)
+
+
+def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
+    """HBM bytes moved by one layer's element-wise kernels in the forward, per rank.
+
+    Per token: two norms (read+write h: 4h bytes each), two residual adds (read 2h, write h: 6h
+    bytes each) — replicated over tensor-parallel ranks unless sequence parallelism shards them;
+    rotary embedding on q and k (read+write); the activation function (SwiGLU reads 2f, writes f;
+    GeLU reads and writes f); dropout masks after attention and MLP (GPT); FP8 casts of the
+    four GEMM inputs (read 2 bytes, write 1).
+    """
+    e = act_bytes(plan) / 2.0  # 1 for 16-bit, 2 for fp32
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    h, f, t = m.hidden, m.ffn_hidden, plan.tp
+    sp_div = jnp.where(plan.sp > 0, t, 1.0)
+    hidden_ops = (2.0 * 4.0 * h + 2.0 * 6.0 * h + m.dropout * 2.0 * 5.0 * h) / sp_div
+    rope = m.rope * 2.0 * 2.0 * h * (1.0 + kv_ratio(m)) / t
+    act_fn = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) / t
+    fp8 = jnp.where(plan.precision_code == FP8, 3.0 * (3.0 * h + f) / t, 0.0)
+    return T * (e * (hidden_ops + rope + act_fn) + fp8)
+
+
+def activation_fn_s(dev, cal, m, plan):
+    """The MLP activation function alone (recomputed under selective recomputation)."""
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    nbytes = T * act_bytes(plan) / 2.0 * jnp.where(m.gated > 0, 6.0, 4.0) * m.ffn_hidden / plan.tp
+    return stream_s(dev, cal, nbytes, 1.0)
+
+
+ELEMENTWISE_KERNELS_FWD = 8.0  # 2 norms, 2 residual adds, rope, activation, 2 casts/dropouts
+
+
+def layer_elementwise_fwd_s(dev, cal, m, plan):
+    return stream_s(dev, cal, layer_elementwise_bytes(m, plan), ELEMENTWISE_KERNELS_FWD)
+
+
+def layer_elementwise_bwd_s(dev, cal, m, plan):
+    """The backward of element-wise kernels reads the saved input and the incoming gradient and
+    writes the outgoing gradient: about twice the forward's bytes."""
+    return stream_s(dev, cal, 2.0 * layer_elementwise_bytes(m, plan), 2.0 * ELEMENTWISE_KERNELS_FWD)
+
+
+def head_s(dev, cal, m, plan):
+    """LM head GEMM (forward + both backward GEMMs) and the fp32 vocab-parallel cross-entropy,
+    which writes, reads and rewrites ``b*s*V/t`` fp32 logits (4+4+4 bytes forward, 8 backward);
+    plus the embedding lookup and its gradient scatter."""
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    h, V, t = m.hidden, m.vocab, plan.tp
+    g = gemm_s(dev, cal, plan, T, V / t, h)
+    g = g + gemm_s(dev, cal, plan, T, h, V / t) + gemm_s(dev, cal, plan, h, V / t, T)
+    loss = stream_s(dev, cal, T * V / t * 20.0, 4.0)
+    embed = stream_s(dev, cal, 3.0 * T * h * act_bytes(plan), 2.0)
+    return g + loss + embed
+
+
+def optimizer_gpu_s(dev, cal, params_local):
+    """Adam on the GPU (fused, multi-tensor): per parameter it reads fp32 master weight, m, v and
+    the fp32 gradient (16 bytes) and writes master, m, v and the 16-bit weight (14 bytes)."""
+    return stream_s(dev, cal, 30.0 * params_local, 4.0)

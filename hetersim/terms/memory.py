@@ -1,0 +1,104 @@
+"""Bytes each GPU holds, by category (mixed-precision Adam; Korthikanti et al. 2022)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..specs import ModelSpec, Plan
+from ..units import GiB
+from .flops import kv_ratio, layer_params
+
+WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
+GRAD_BYTES = 4.0  # gradients accumulated and reduced in fp32 (Megatron main_grad, FSDP2 reduce_dtype)
+OPTIMIZER_BYTES = 12.0  # fp32 master weights, Adam m and v
+RUNTIME_RESERVED_GiB = 1.5  # CUDA context, cuBLAS workspace, NCCL channel buffers (see calibration.toml)
+
+# Indices of OFFLOAD_STATE in Plan.offload_tier_code.
+OPT, GRAD, PARAM, ACT = 0, 1, 2, 3
+
+
+def local_params(m: ModelSpec, plan: Plan):
+    """Parameters on the busiest pipeline stage's tensor-parallel rank.
+
+    With pp > 1 the first stage holds the embedding and the last the LM head (one vocabulary
+    matrix each); with pp == 1 one rank holds both (one matrix when they are tied).
+    """
+    chunks = plan.pp * plan.vp
+    layers = jnp.ceil(m.layers / chunks - 1e-6) * plan.vp * layer_params(m) / plan.tp
+    vocab_mats = jnp.where(plan.pp > 1, 1.0, 2.0 - m.tied_embeddings)
+    return layers + vocab_mats * m.vocab * m.hidden / plan.tp
+
+
+def zero_group(plan: Plan):
+    """ZeRO / distributed-optimizer states are sharded over the data-parallel ranks, which in
+    Megatron include the context-parallel ones."""
+    return plan.dp * plan.cp
+
+
+def state_bytes(m: ModelSpec, plan: Plan):
+    """(weights, gradients, optimizer) bytes per GPU before any offload."""
+    p = local_params(m, plan)
+    n = zero_group(plan)
+    wbytes = jnp.where(plan.precision_code == 3, 4.0, WEIGHT_BYTES)
+    weights = p * wbytes / jnp.where(plan.zero >= 3, n, 1.0)
+    grads = p * GRAD_BYTES / jnp.where(plan.zero >= 2, n, 1.0)
+    opt = p * OPTIMIZER_BYTES / jnp.where(plan.zero >= 1, n, 1.0)
+    return weights, grads, opt
+
+
+def layer_activation_bytes(m: ModelSpec, plan: Plan):
+    """Activation bytes one layer stores for its backward, per micro-batch, per GPU.
+
+    Korthikanti et al. 2022, generalised to GQA, SwiGLU and dropout-free models: per token,
+    norms' inputs 4h, QKV and MLP inputs 2h each, dropout masks h each (GPT) — replicated across
+    tensor-parallel ranks unless sequence parallelism shards them; Q 2h, K and V 2h*g/a each, the
+    output projection's input 2h, the MLP's intermediate tensors (2 per matrix output and the
+    activation output: 4f plain, 6f SwiGLU) — sharded by tp. For GPT (f=4h, g=a) this is
+    ``s*b*h*(10 + 24/t)``, their eq. 2. The score matrix adds ``5*a*s/h`` per token (2 with no
+    dropout) unless flash attention never stores it or selective recomputation drops it. Full
+    recomputation keeps only the layer input, ``2*s*b*h`` (sharded by tp under SP).
+    """
+    b, s = plan.micro_batch, plan.seq_len / plan.cp
+    h, f, a, t = m.hidden, m.ffn_hidden, m.heads, plan.tp
+    sp_div = jnp.where(plan.sp > 0, t, 1.0)
+    replicated = (8.0 + 2.0 * m.dropout) * h / sp_div
+    mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f)
+    # Selective recomputation with flash attention (nothing s x s to drop) recomputes the cheap
+    # element-wise ops instead, as torchtitan's op-level policy does: the activation function's
+    # output (the down projection's input, 2f per token) is not stored.
+    mlp = mlp - jnp.where((plan.recompute_code == 1) & (plan.attention_code == 0), 2.0 * f, 0.0)
+    sharded = (2.0 * h + 4.0 * h * kv_ratio(m) + 2.0 * h + mlp) / t
+    scores = (2.0 + 3.0 * m.dropout) * a * plan.seq_len / t  # per query token
+    flash_lse = 4.0 * a / t
+    keep_scores = (plan.attention_code == 1) & (plan.recompute_code == 0)
+    attn = jnp.where(keep_scores, scores, jnp.where(plan.attention_code == 0, flash_lse, 0.0))
+    e = jnp.where(plan.precision_code == 3, 2.0, 1.0)
+    per_token = e * (replicated + sharded) + attn
+    full = e * 2.0 * h / sp_div
+    return b * s * jnp.where(plan.recompute_code == 2, full, per_token), b * s * per_token
+
+
+def inflight_microbatches(plan: Plan, n_micro):
+    """Micro-batches whose activations the first stage holds at once: ``min(pp, m)`` under 1F1B,
+    times ``1 + (pp-1)/(pp*v)`` when interleaved (Korthikanti et al. §4.2.3)."""
+    base = jnp.minimum(plan.pp, n_micro)
+    return base * (1.0 + (plan.pp - 1.0) / (plan.pp * plan.vp) * (plan.vp > 1))
+
+
+def activation_bytes(m: ModelSpec, plan: Plan, n_micro):
+    stored, working = layer_activation_bytes(m, plan)
+    chunks = plan.pp * plan.vp
+    layers = jnp.ceil(m.layers / chunks - 1e-6) * plan.vp
+    kept = stored * layers * inflight_microbatches(plan, n_micro)
+    # Full recomputation rebuilds one layer's activations during its backward.
+    return kept + jnp.where(plan.recompute_code == 2, working, 0.0)
+
+
+def buffer_bytes(m: ModelSpec, plan: Plan):
+    """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy works
+    in, its gradient computed in place) on the last stage, two gathered layers
+    under ZeRO-3 (the one computing and the one prefetched), and the runtime's reserve."""
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    logits = (2.0 + 4.0) * T * m.vocab / plan.tp
+    gathered = jnp.where(plan.zero >= 3, 2.0 * layer_params(m) / plan.tp * WEIGHT_BYTES, 0.0)
+    return logits + gathered + RUNTIME_RESERVED_GiB * GiB

@@ -1,0 +1,304 @@
+"""Predict published training runs and measure the error.
+
+Reads the schema of ``data/published_runs.csv`` (see ``data/README.md``), builds one
+configuration per row, evaluates all rows in one vmapped call and reports the step-time error.
+Rows that give only an MFU are compared through the step time that MFU implies under
+Megatron-LM's FLOP accounting (:func:`hetersim.terms.flops.megatron_flops_per_token`), the
+accounting the sources of such rows print.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import build
+from .specs import Calibration
+from .simulate import simulate
+from .terms.flops import megatron_flops_per_token
+
+REQUIRED_COLUMNS = (
+    "id", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
+    "mlp", "gpu", "scaleup_domain", "n_gpus", "tp", "pp", "vp", "dp", "cp", "sp", "zero", "offload",
+    "offload_tier", "recompute", "micro_batch", "global_batch", "precision", "measured_step_time_s",
+    "measured_tokens_per_s_per_gpu", "measured_mfu", "flops_accounting", "assumed",
+)  # fmt: skip
+
+
+def default_runs_path() -> Path:
+    return Path(str(resources.files("hetersim") / "data" / "published_runs.csv"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    id: str
+    source: str
+    fields: dict[str, str]
+    complete: bool  # the source states every column (empty ``assumed``)
+
+
+def read_runs(path: str | Path) -> list[Row]:
+    """Read a runs CSV, validating its header and every value used; one-line errors."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read runs file ({e.strerror})") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValueError(f"{path}: not a published-runs CSV, missing columns: {', '.join(missing)}")
+    rows = []
+    for i, rec in enumerate(reader, start=2):
+        if None in rec or any(v is None for v in rec.values()):
+            raise ValueError(f"{path}: line {i}: wrong number of fields")
+        rows.append(Row(rec["id"], rec["source"], rec, not rec["assumed"].strip()))
+    if not rows:
+        raise ValueError(f"{path}: no runs")
+    return rows
+
+
+def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = False) -> float | None:
+    raw = row.fields[col].strip()
+    if raw == "" and optional:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{path}: row {row.id}: column {col} must be a number; got {raw!r}") from None
+    if not math.isfinite(v) or v < 0 or (integer and v != int(v)):
+        raise ValueError(f"{path}: row {row.id}: column {col} must be a non-negative {'integer' if integer else 'number'}; got {raw!r}")
+    return v
+
+
+def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
+    """Model entry, GPU entry, scale-up domain and plan options of one row."""
+    f = row.fields
+    n = lambda c, **k: _num(path, row, c, **k)  # noqa: E731
+    model = {k: n(k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")}
+    model["mlp"] = f["mlp"].strip()
+    if model["mlp"] not in ("gated", "plain"):
+        raise ValueError(f"{path}: row {row.id}: column mlp must be gated or plain; got {f['mlp']!r}")
+    try:
+        gpu = catalog.gpu(f["gpu"].strip())
+    except ValueError as e:
+        raise ValueError(f"{path}: row {row.id}: {e}") from None
+    offload = {}
+    if f["offload"].strip() not in ("", "none"):
+        tier = f["offload_tier"].strip() or "host-dram"
+        for state in f["offload"].strip().split("+"):
+            offload[state] = tier
+    tp, pp, dp, cp = (int(n(k)) for k in ("tp", "pp", "dp", "cp"))
+    micro, glob = int(n("micro_batch")), int(n("global_batch"))
+    # Pipelined rows whose micro_batch is the whole local batch (torchtitan reports it so): the
+    # stack splits it into one micro-batch per stage, its default; a 1F1B step with fewer
+    # micro-batches than stages is not a schedule anyone runs.
+    if pp > 1 and glob // max(micro * dp, 1) < pp and micro % pp == 0:
+        micro //= pp
+    plan = dict(
+        n_gpus=int(n("n_gpus")),
+        tp=tp,
+        pp=pp,
+        vp=int(n("vp") or 1),
+        dp=dp,
+        cp=cp,
+        sp=bool(n("sp")),
+        zero=int(n("zero")),
+        micro_batch=micro,
+        global_batch=glob,
+        seq_len=int(n("seq_len")),
+        recompute=f["recompute"].strip() or "none",
+        precision=f["precision"].strip() or "bf16",
+        attention=_attention(row, gpu, path),
+        offload=offload,
+    )
+    return dict(model=model, gpu=gpu, scaleup_domain=n("scaleup_domain"), plan=plan)
+
+
+def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
+    """``flash`` unless the row's optional ``attention`` column says otherwise, or the device
+    has no flash-attention kernel (V100: FlashAttention needs Ampere or newer)."""
+    value = (row.fields.get("attention") or "").strip()
+    if value:
+        if value not in ("flash", "materialized"):
+            raise ValueError(f"{path}: row {row.id}: column attention must be flash or materialized; got {value!r}")
+        return value
+    return "flash" if gpu.get("flash_attention", True) else "materialized"
+
+
+def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs") -> tuple[float, str]:
+    """The row's measured step time and how it was obtained ("step", "tokens" or "mfu")."""
+    st = _num(path, row, "measured_step_time_s", integer=False, optional=True)
+    if st:
+        return st, "step"
+    plan = inputs["plan"]
+    tokens = plan["global_batch"] * plan["seq_len"]
+    tps = _num(path, row, "measured_tokens_per_s_per_gpu", integer=False, optional=True)
+    if tps:
+        return tokens / (tps * plan["n_gpus"]), "tokens"
+    mfu = _num(path, row, "measured_mfu", integer=False, optional=True)
+    if mfu:
+        model = build.model_spec(inputs["model"])
+        full = plan["recompute"] == "full" and row.fields["flops_accounting"].strip() == "hardware"
+        flops = float(megatron_flops_per_token(model, plan["seq_len"], full)) * tokens
+        peak = float(inputs["gpu"]["peak_tflops_bf16"]) * 1e12
+        return flops / (mfu * peak * plan["n_gpus"]), "mfu"
+    raise ValueError(f"{path}: row {row.id}: no measured step time, tokens/s or MFU")
+
+
+# Assumed discrete columns are the curator's guess ("the usual default of that stack"). Where a
+# row is infeasible as written, validate tries the other values of an assumed column, from the
+# one that saves least memory on, and keeps the first that runs: a real run ran, so it did not
+# use a layout that cannot fit.
+ALTERNATIVES = {"recompute": ("none", "selective", "full")}
+
+
+def _candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    plan = inputs["plan"]
+    out = [dict(plan)]
+    assumed = {c.strip() for c in row.fields["assumed"].split(";")}
+    for col, values in ALTERNATIVES.items():
+        if col in assumed and plan[col] in values:
+            for v in values[values.index(plan[col]) + 1 :]:
+                out.append(dict(plan, **{col: v}))
+    return out
+
+
+def _stack(xs):
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
+
+
+@jax.jit
+def _predict(models, systems, plans, cal: Calibration):
+    return jax.vmap(simulate, in_axes=(0, 0, 0, None))(models, systems, plans, cal)
+
+
+@dataclasses.dataclass
+class Prepared:
+    rows: list[Row]
+    models: Any
+    systems: Any
+    plans: Any
+    measured: np.ndarray
+    kinds: list[str]
+    substituted: list[str]  # "" or "recompute=full" for rows whose assumed value was replaced
+
+
+def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prepared:
+    """Specs of every row (with assumed values substituted where the row cannot run as written)."""
+    flat_m, flat_s, flat_p, owner, plans_raw = [], [], [], [], []
+    measured, kinds = [], []
+    for i, row in enumerate(rows):
+        inp = row_inputs(row, catalog, path)
+        model = build.model_spec(inp["model"])
+        system = build.system_spec(inp["gpu"], catalog.links, inp["scaleup_domain"])
+        for cand in _candidates(row, inp):
+            try:
+                flat_p.append(build.plan_spec(**cand))
+            except ValueError as e:
+                raise ValueError(f"{path}: row {row.id}: {e}") from None
+            flat_m.append(model)
+            flat_s.append(system)
+            owner.append(i)
+            plans_raw.append(cand)
+        st, kind = measured_step_time(row, inp, path)
+        measured.append(st)
+        kinds.append(kind)
+    models, systems, plans = _stack(flat_m), _stack(flat_s), _stack(flat_p)
+    flags = np.asarray(_predict(models, systems, plans, cal).infeasible)
+    owner = np.array(owner)
+    pick, substituted = [], []
+    for i in range(len(rows)):
+        idx = np.flatnonzero(owner == i)
+        ok = idx[flags[idx] == 0]
+        j = int(ok[0]) if ok.size else int(idx[0])
+        pick.append(j)
+        changed = [f"{k}={v}" for k, v in plans_raw[j].items() if plans_raw[int(idx[0])][k] != v]
+        substituted.append(",".join(changed))
+    take = lambda tree: jax.tree.map(lambda a: a[np.array(pick)], tree)  # noqa: E731
+    return Prepared(list(rows), take(models), take(systems), take(plans), np.array(measured), kinds, substituted)
+
+
+def predict(prep: Prepared, cal: Calibration):
+    return _predict(prep.models, prep.systems, prep.plans, cal)
+
+
+def source_label(source: str) -> str:
+    """A short per-source label: the text before the first bracket or '@'."""
+    for sep in (" [", " (", " @", " Tab", " docs/", " README"):
+        source = source.split(sep)[0]
+    return source.strip()
+
+
+def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dict[str, Any]:
+    prep = prepare(rows, catalog, cal, path)
+    out = predict(prep, cal)
+    measured = prep.measured
+    pred = np.asarray(out.step_time_s, dtype=np.float64)
+    flags = np.asarray(out.infeasible)
+    feasible = flags == 0
+    err = np.where(feasible, (pred - measured) / measured * 100.0, 100.0)
+    report_rows = []
+    for i, row in enumerate(rows):
+        report_rows.append(
+            dict(
+                id=row.id,
+                model=row.fields["model"],
+                gpu=row.fields["gpu"],
+                n_gpus=int(float(row.fields["n_gpus"])),
+                layout=_layout(row.fields),
+                source=source_label(row.source),
+                measured_from=prep.kinds[i],
+                measured_step_time_s=float(measured[i]),
+                predicted_step_time_s=float(pred[i]),
+                error_pct=float(err[i]),
+                feasible=bool(feasible[i]),
+                infeasible_code=int(flags[i]),
+                complete=row.complete,
+                substituted=prep.substituted[i],
+                hbm_used_GiB=float(np.asarray(out.hbm_used_GiB)[i]),
+            )
+        )
+    return summarize(report_rows)
+
+
+def _layout(f: Mapping[str, str]) -> str:
+    parts = [f"tp{f['tp']}", f"pp{f['pp']}"]
+    if f["vp"] not in ("", "1"):
+        parts.append(f"vp{f['vp']}")
+    parts += [f"dp{f['dp']}"]
+    if f["cp"] not in ("", "1"):
+        parts.append(f"cp{f['cp']}")
+    if f["zero"] not in ("", "0"):
+        parts.append(f"z{f['zero']}")
+    parts.append(f"mb{f['micro_batch']}")
+    parts.append(f"gb{f['global_batch']}")
+    return "-".join(parts)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    abs_err = np.array([abs(r["error_pct"]) for r in rows])
+    complete = np.array([r["complete"] for r in rows])
+    per_source: dict[str, dict[str, float]] = {}
+    for label in dict.fromkeys(r["source"] for r in rows):
+        e = np.array([abs(r["error_pct"]) for r in rows if r["source"] == label])
+        per_source[label] = {"n": int(e.size), "mape_pct": float(e.mean()), "max_abs_error_pct": float(e.max())}
+    return {
+        "n_runs": len(rows),
+        "mape_step_time_pct": float(abs_err.mean()),
+        "mape_step_time_pct_complete": float(abs_err[complete].mean()) if complete.any() else float("nan"),
+        "n_complete": int(complete.sum()),
+        "max_abs_error_pct": float(abs_err.max()),
+        "n_infeasible": int(sum(not r["feasible"] for r in rows)),
+        "per_source": per_source,
+        "rows": rows,
+    }
