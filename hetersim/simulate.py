@@ -23,7 +23,7 @@ from .terms import comm, compute, memory
 from .terms._safe import pos, safe_div
 from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible
-from .units import GB, GiB, HOUR, KWH
+from .units import GB, HOUR, KWH, GiB
 
 STEP_TERMS = (
     "compute_s",
@@ -89,9 +89,7 @@ def feasibility(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> An
     # Megatron and torchtitan both split layers unevenly when they do not divide; only a stage
     # chunk with no layer at all is impossible.
     f |= _flag(model.layers < plan.pp * plan.vp, Infeasible.LAYERS_DIVIDE)
-    f |= _flag(
-        _not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE
-    )
+    f |= _flag(_not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
     f |= _flag(
         _not_multiple(model.hidden, plan.tp) | _not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE
     )

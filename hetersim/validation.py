@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import build
-from .specs import Calibration
 from .simulate import simulate
+from .specs import Calibration
 from .terms.flops import megatron_flops_per_token
 
 REQUIRED_COLUMNS = (
@@ -76,7 +76,8 @@ def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = Fal
     except ValueError:
         raise ValueError(f"{path}: row {row.id}: column {col} must be a number; got {raw!r}") from None
     if not math.isfinite(v) or v < 0 or (integer and v != int(v)):
-        raise ValueError(f"{path}: row {row.id}: column {col} must be a non-negative {'integer' if integer else 'number'}; got {raw!r}")
+        kind = "integer" if integer else "number"
+        raise ValueError(f"{path}: row {row.id}: column {col} must be a non-negative {kind}; got {raw!r}")
     return v
 
 

@@ -1,0 +1,340 @@
+"""How the CLI shows answers: plain dicts for ``--json``, rich tables for people.
+
+Nothing here computes a metric; it only names, converts and lays out what
+:func:`hetersim.simulate.simulate` and :func:`hetersim.validation.validate` return.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from hetersim.types import TIER, Infeasible
+
+DAY = 86400.0
+
+# Memory components of one GPU's HBM: label -> Breakdown field.
+MEMORY_FIELDS = {
+    "weights": "weights_GiB",
+    "grads": "grads_GiB",
+    "optimizer": "optimizer_GiB",
+    "activations": "activations_GiB",
+    "buffers": "buffers_GiB",
+}
+
+# Key columns of `hetersim catalog SECTION`: (field, header).
+CATALOG_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gpus": (
+        ("name", "name"),
+        ("peak_tflops_bf16", "bf16 TF"),
+        ("peak_tflops_fp8", "fp8 TF"),
+        ("hbm_capacity_GiB", "HBM GiB"),
+        ("hbm_bw_GBps", "HBM GB/s"),
+        ("scaleup_link", "scale-up"),
+        ("scaleup_domain", "domain"),
+        ("nic", "NIC"),
+        ("tdp_W", "TDP W"),
+        ("price_usd_per_hour", "$/GPU-h"),
+    ),
+    "links": (
+        ("name", "name"),
+        ("kind", "kind"),
+        ("bw_GBps", "GB/s"),
+        ("latency_us", "latency us"),
+        ("busbw_eff", "bus eff"),
+    ),
+    "models": (
+        ("name", "name"),
+        ("layers", "layers"),
+        ("hidden", "hidden"),
+        ("heads", "heads"),
+        ("kv_heads", "kv"),
+        ("ffn_hidden", "ffn"),
+        ("vocab", "vocab"),
+        ("mlp", "mlp"),
+        ("seq_len", "seq"),
+    ),
+    "memory": (
+        ("name", "name"),
+        ("kind", "kind"),
+        ("capacity_GiB", "GiB"),
+        ("bw_GBps", "GB/s"),
+        ("latency_ns", "latency ns"),
+        ("link", "link"),
+    ),
+}
+
+
+def console() -> Console:
+    """A console on stdout, 160 columns wide when stdout is not a terminal (pipes, tests)."""
+    sized = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(width=None if sized else 160, highlight=False)
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+# --------------------------------------------------------------------------------------------
+
+
+def jsonable(x: Any) -> Any:
+    """Plain JSON values: arrays become floats or lists; NaN and infinities become null."""
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, str | bool) or x is None:
+        return x
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, Iterable) and not hasattr(x, "shape"):
+        return [jsonable(v) for v in x]
+    a = np.asarray(x)
+    if a.ndim:
+        return [jsonable(v) for v in a.tolist()]
+    if a.dtype == bool:
+        return bool(a)
+    if np.issubdtype(a.dtype, np.integer):
+        return int(a)
+    v = float(a)
+    return v if math.isfinite(v) else None
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(jsonable(obj), indent=2, allow_nan=False)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file in the same folder and os.replace."""
+    path = Path(path)
+    text = dumps(obj) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# evaluate
+# --------------------------------------------------------------------------------------------
+
+
+def evaluation(out: Any, step_terms: Iterable[str], header: Mapping[str, Any]) -> dict[str, Any]:
+    """One configuration's answer as a plain dict (``header`` names the model, GPU and plan)."""
+    f = lambda name: float(np.asarray(getattr(out, name)))  # noqa: E731
+    code = int(np.asarray(out.infeasible))
+    used = np.asarray(out.tier_used_GiB, dtype=float)
+    cap = np.asarray(out.tier_capacity_GiB, dtype=float)
+    tiers = {
+        TIER[i]: {"used_GiB": float(used[i]), "capacity_GiB": float(cap[i])}
+        for i in range(1, len(TIER))
+        if used[i] > 0 or cap[i] > 0
+    }
+    return {
+        **header,
+        "feasible": code == 0,
+        "infeasible_code": code,
+        "reasons": Infeasible.describe(code),
+        "step_time_s": f("step_time_s"),
+        "breakdown_s": {name: f(name) for name in step_terms},
+        "tokens_per_s": f("tokens_per_s"),
+        "tokens_per_s_per_gpu": f("tokens_per_s_per_gpu"),
+        "mfu": f("mfu"),
+        "hfu": f("hfu"),
+        "model_tflops_per_gpu": f("model_tflops_per_gpu"),
+        "n_microbatches": f("n_microbatches"),
+        "params": f("params"),
+        "memory_per_gpu_GiB": {
+            **{label: f(field) for label, field in MEMORY_FIELDS.items()},
+            "total": f("hbm_used_GiB"),
+            "hbm_capacity": f("hbm_capacity_GiB"),
+        },
+        "offload_tiers_per_node_GiB": tiers,
+        "time_to_train_s": f("time_to_train_s"),
+        "time_to_train_days": f("time_to_train_s") / DAY,
+        "cost_usd": f("cost_usd"),
+        "energy_kWh": f("energy_kWh"),
+    }
+
+
+def _term_label(name: str) -> str:
+    return name.removesuffix("_s").replace("_", " ")
+
+
+def _layout(plan: Mapping[str, Any]) -> str:
+    parts = [f"{k}{plan[k]}" for k in ("tp", "pp", "vp", "dp", "cp")]
+    parts.append("sp" if plan["sp"] else "no-sp")
+    parts.append(f"zero{plan['zero']}")
+    parts.append(f"mb{plan['micro_batch']} gb{plan['global_batch']} seq{plan['seq_len']}")
+    parts.append(f"recompute={plan['recompute']} {plan['precision']} {plan['attention']}-attention")
+    if plan["offload"]:
+        parts.append("offload " + ",".join(f"{s}->{t}" for s, t in plan["offload"].items()))
+    return " ".join(parts)
+
+
+def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
+    plan = r["plan"]
+    con.print(f"[bold]{r['model']}[/] ({r['params'] / 1e9:.2f}B params) on {plan['n_gpus']} x [bold]{r['gpu']}[/]")
+    con.print(f"layout: {_layout(plan)}")
+
+    step = r["step_time_s"]
+    t = Table(title="Step time", title_justify="left")
+    t.add_column("term")
+    t.add_column("seconds", justify="right")
+    t.add_column("% of step", justify="right")
+    for name, value in r["breakdown_s"].items():
+        t.add_row(_term_label(name), f"{value:.4f}", f"{100.0 * value / step:.1f}" if step > 0 else "-")
+    t.add_row("[bold]step time[/]", f"[bold]{step:.4f}[/]", "100.0", end_section=True)
+    con.print(t)
+
+    t = Table(title="Throughput", title_justify="left", show_header=False)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("tokens/s", f"{r['tokens_per_s']:,.0f}")
+    t.add_row("tokens/s/GPU", f"{r['tokens_per_s_per_gpu']:,.1f}")
+    t.add_row("MFU", f"{100.0 * r['mfu']:.1f} %")
+    t.add_row("HFU", f"{100.0 * r['hfu']:.1f} %")
+    t.add_row("model TFLOP/s/GPU", f"{r['model_tflops_per_gpu']:.1f}")
+    t.add_row("micro-batches per step", f"{r['n_microbatches']:.0f}")
+    con.print(t)
+
+    mem = r["memory_per_gpu_GiB"]
+    t = Table(title="Memory per GPU (HBM)", title_justify="left")
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    for label in MEMORY_FIELDS:
+        t.add_row(label, f"{mem[label]:.2f}")
+    cap = mem["hbm_capacity"]
+    share = f" ({100.0 * mem['total'] / cap:.0f} %)" if cap > 0 else ""
+    fits = "green" if mem["total"] <= cap else "red"
+    t.add_row("[bold]total[/]", f"[bold {fits}]{mem['total']:.2f} / {cap:.2f}{share}[/]", end_section=True)
+    con.print(t)
+
+    if plan["offload"]:
+        t = Table(title="Offload tiers (per node)", title_justify="left")
+        t.add_column("tier")
+        t.add_column("used GiB", justify="right")
+        t.add_column("capacity GiB", justify="right")
+        for tier, v in r["offload_tiers_per_node_GiB"].items():
+            t.add_row(tier, f"{v['used_GiB']:.1f}", f"{v['capacity_GiB']:.1f}")
+        con.print(t)
+
+    con.print(
+        f"to train {plan['train_tokens'] / 1e12:.4g}T tokens: {r['time_to_train_days']:,.1f} days, "
+        f"${r['cost_usd']:,.0f}, {r['energy_kWh'] / 1000.0:,.1f} MWh (GPU TDP)"
+    )
+    if r["feasible"]:
+        con.print("verdict: [bold green]FEASIBLE[/]")
+    else:
+        con.print("verdict: [bold red]INFEASIBLE[/]")
+        for reason in r["reasons"]:
+            con.print(f"  - {reason}")
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+# --------------------------------------------------------------------------------------------
+
+
+def _num(v: float | None, digits: int) -> str:
+    """Fixed-point, or 3 significant digits when a value is too large to read that way."""
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v:.{digits}f}" if abs(v) < 1e5 else f"{v:.3g}"
+
+
+def _pct(v: float | None) -> str:
+    return _num(v, 1)
+
+
+def _rows_table(title: str, rows: Iterable[Mapping[str, Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    t.add_column("id", overflow="fold")
+    t.add_column("model")
+    t.add_column("GPUs", justify="right")
+    t.add_column("layout", overflow="fold")
+    t.add_column("measured s", justify="right")
+    t.add_column("predicted s", justify="right")
+    t.add_column("error %", justify="right")
+    for r in rows:
+        err = _pct(r["error_pct"]) if r["feasible"] else "[red]infeasible[/]"
+        t.add_row(
+            r["id"],
+            r["model"],
+            f"{r['gpu']} x{r['n_gpus']}",
+            r["layout"],
+            _num(r["measured_step_time_s"], 3),
+            _num(r["predicted_step_time_s"], 3),
+            err,
+        )
+    return t
+
+
+def print_validation(con: Console, report: Mapping[str, Any], worst: int) -> None:
+    rows = report["rows"]
+    con.print(_rows_table(f"Published runs ({report['n_runs']})", rows))
+    t = Table(title="Per source", title_justify="left")
+    t.add_column("source", overflow="fold")
+    t.add_column("runs", justify="right")
+    t.add_column("MAPE %", justify="right")
+    t.add_column("max |error| %", justify="right")
+    for label, s in report["per_source"].items():
+        t.add_row(label, str(s["n"]), _pct(s["mape_pct"]), _pct(s["max_abs_error_pct"]))
+    con.print(t)
+    if worst > 0:
+        ranked = sorted(rows, key=lambda r: abs(r["error_pct"]), reverse=True)[:worst]
+        con.print(_rows_table(f"Worst {len(ranked)}", ranked))
+    con.print(
+        f"MAPE step time: [bold]{_pct(report['mape_step_time_pct'])} %[/] over {report['n_runs']} runs; "
+        f"{_pct(report['mape_step_time_pct_complete'])} % over the {report.get('n_complete', '?')} complete runs; "
+        f"max |error| {_pct(report['max_abs_error_pct'])} %"
+    )
+
+
+def print_summary(con: Console, title: str, result: Mapping[str, Any]) -> None:
+    """Scalars of a result dict as a two-column table (for results whose shape this module does not own)."""
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("key")
+    t.add_column("value", justify="right")
+    for key, value in result.items():
+        if isinstance(value, int | float | str | bool) or value is None:
+            t.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
+        elif isinstance(value, Mapping) and all(isinstance(v, int | float) for v in value.values()):
+            for k, v in value.items():
+                t.add_row(f"{key}.{k}", f"{v:.4g}")
+    con.print(t)
+
+
+# --------------------------------------------------------------------------------------------
+# catalog
+# --------------------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def catalog_table(section: str, entries: Mapping[str, Mapping[str, Any]]) -> Table:
+    columns = CATALOG_COLUMNS[section]
+    t = Table(title=f"{section} ({len(entries)})", title_justify="left")
+    t.add_column("key", overflow="fold")
+    for _, header in columns:
+        t.add_column(header, justify="left" if header in ("name", "kind", "mlp") else "right")
+    for key, entry in entries.items():
+        t.add_row(key, *(_cell(entry.get(field)) for field, _ in columns))
+    return t

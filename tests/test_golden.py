@@ -1,0 +1,89 @@
+"""Golden values computed by hand from the papers' formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetersim import build
+from hetersim.specs import ModelSpec
+from hetersim.terms.flops import megatron_flops_per_token, model_flops_per_token, total_params
+from hetersim.terms.memory import layer_activation_bytes
+
+
+def test_llama2_7b_parameter_count(catalog):
+    # 32 layers x (4*4096^2 attention + 3*4096*11008 SwiGLU + 2*4096 norms) + 2*32000*4096 + 4096
+    m = build.model_spec(catalog.model("llama2-7b"))
+    by_hand = 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 2 * 32000 * 4096 + 4096
+    assert by_hand == 6_738_415_616  # the Hugging Face checkpoint's count
+    assert float(total_params(m)) == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_gpt3_175b_parameter_count(catalog):
+    # Narayanan et al. SC'21 Table 1 lists the 96-layer, 12288-hidden model as 174.6B
+    m = build.model_spec(catalog.model("gpt3-175b"))
+    assert float(total_params(m)) / 1e9 == pytest.approx(174.6, abs=0.05)
+
+
+def test_llama31_8b_flops_per_sample_matches_mlperf(catalog):
+    # MLPerf Training counts 421.59 TFLOP per 8192-token sample of Llama 3.1 8B
+    m = build.model_spec(catalog.model("llama3.1-8b"))
+    tflop = float(model_flops_per_token(m, 8192)) * 8192 / 1e12
+    assert tflop == pytest.approx(421.59, rel=2e-3)
+
+
+def test_llama2_7b_flops_per_token_by_hand(catalog):
+    # L*h^2*(12 + 12*g/a + 18*f/h + 6*s/h) + 6*V*h with g = a
+    m = build.model_spec(catalog.model("llama2-7b"))
+    L, h, f, s, V = 32, 4096, 11008, 4096, 32000
+    by_hand = L * h * h * (12 + 12 + 18 * f / h + 6 * s / h) + 6 * V * h
+    assert float(model_flops_per_token(m, s)) == pytest.approx(by_hand, rel=1e-6)
+
+
+@pytest.mark.parametrize("full", [0, 1])
+def test_megatron_equation_3(catalog, full):
+    # Narayanan et al. SC'21 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) with full recompute,
+    # 72 B s l h^2 (1 + s/6h + V/12lh) without.
+    m = build.model_spec(catalog.model("gpt3-175b"))
+    B, s, L, h, V = 1, 2048, 96, 12288, 51200
+    if full:
+        by_hand = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    else:
+        by_hand = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert float(megatron_flops_per_token(m, s, full)) * s == pytest.approx(by_hand, rel=1e-5)
+
+
+GPT = dict(layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=4 * 12288, vocab=51200, mlp="plain")
+
+
+def _act(t, sp, recompute, attention="materialized", b=1, s=2048):
+    m = build.model_spec(GPT)
+    plan = build.plan_spec(
+        n_gpus=t, tp=t, global_batch=b, micro_batch=b, seq_len=s, sp=sp, recompute=recompute, attention=attention
+    )
+    return float(layer_activation_bytes(m, plan)[0])
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_activation_bytes(t):
+    # Korthikanti et al. 2022, bytes per layer (s, b, h, a; tensor parallel t)
+    s, b, h, a = 2048, 1, 12288, 96
+    sbh = s * b * h
+    assert _act(t, False, "none") == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-5)
+    assert _act(t, True, "none") == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)), rel=1e-5)
+    assert _act(t, True, "selective") == pytest.approx(sbh * 34 / t, rel=1e-5)
+    assert _act(t, False, "selective") == pytest.approx(sbh * (10 + 24 / t), rel=1e-5)
+    assert _act(t, True, "full") == pytest.approx(2 * sbh / t, rel=1e-5)
+    assert _act(t, False, "full") == pytest.approx(2 * sbh, rel=1e-5)
+
+
+def test_flash_attention_stores_no_score_matrix():
+    s, h, a = 2048, 12288, 96
+    flash = _act(8, True, "none", attention="flash")
+    # 34/t * sbh plus the fp32 log-sum-exp (4 bytes per head and token), no 5as/h term
+    assert flash == pytest.approx(s * h * 34 / 8 + 4 * a / 8 * s, rel=1e-5)
+
+
+def test_model_spec_from_dims_is_a_modelspec():
+    m = build.model_spec(dict(layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=100))
+    assert isinstance(m, ModelSpec)
+    assert float(m.kv_heads) == 4.0

@@ -1,0 +1,183 @@
+"""Physical properties, batching, precision, compilation and gradients of the cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetersim import build
+from hetersim.simulate import STEP_TERMS, simulate
+from hetersim.types import Infeasible
+
+from .conftest import make
+
+sim = jax.jit(simulate)
+
+LAYOUTS = st.fixed_dictionaries(
+    {
+        "tp": st.sampled_from([1, 2, 4, 8]),
+        "pp": st.sampled_from([1, 2, 4]),
+        "cp": st.sampled_from([1, 2]),
+        "micro_batch": st.sampled_from([1, 2]),
+        "zero": st.sampled_from([0, 1, 2, 3]),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "precision": st.sampled_from(["bf16", "fp8"]),
+        "sp": st.booleans(),
+        "model": st.sampled_from(["llama2-7b", "llama2-70b", "gpt3-175b", "llama3-8b"]),
+        "gpu": st.sampled_from(["a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "b200"]),
+    }
+)
+PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _specs(catalog, layout):
+    layout = dict(layout)
+    model, gpu = layout.pop("model"), layout.pop("gpu")
+    if gpu == "a100-sxm-80gb" and layout["precision"] == "fp8":
+        layout["precision"] = "bf16"
+    return make(catalog, model=model, gpu=gpu, n_gpus=64, global_batch=128, **layout)
+
+
+def _scale(tree, field_path, factor):
+    """Return ``tree`` with the leaf at ``field_path`` (e.g. ('device', 'hbm_bw_GBps')) scaled."""
+    head, *rest = field_path
+    value = getattr(tree, head)
+    new = _scale(value, rest, factor) if rest else value * factor
+    return dataclasses.replace(tree, **{head: new})
+
+
+@PROPS
+@given(layout=LAYOUTS, factor=st.floats(1.01, 4.0))
+@pytest.mark.parametrize(
+    "field",
+    [("device", "hbm_bw_GBps"), ("device", "peak_tflops"), ("network", "bw_GBps"), ("host", "tier_path_GBps")],
+)
+def test_more_bandwidth_or_flops_is_never_slower(catalog, cal, layout, factor, field):
+    m, s, p = _specs(catalog, layout)
+    base = sim(m, s, p, cal).step_time_s
+    faster = sim(m, _scale(s, field, factor), p, cal).step_time_s
+    assert float(faster) <= float(base) * (1 + 1e-5)
+
+
+@PROPS
+@given(layout=LAYOUTS)
+def test_breakdown_adds_up_and_tp1_has_no_tp_traffic(catalog, cal, layout):
+    m, s, p = _specs(catalog, layout)
+    out = sim(m, s, p, cal)
+    total = sum(float(getattr(out, k)) for k in STEP_TERMS)
+    assert total == pytest.approx(float(out.step_time_s), rel=1e-5)
+    assert all(float(getattr(out, k)) >= 0 for k in STEP_TERMS)
+    if layout["tp"] == 1:
+        assert float(out.tp_comm_s) == 0.0
+    if layout["cp"] == 1:
+        assert float(out.cp_comm_s) == 0.0
+    if layout["pp"] == 1:
+        assert float(out.bubble_s) == 0.0 and float(out.pp_comm_s) == 0.0
+
+
+@PROPS
+@given(layout=LAYOUTS)
+def test_feasible_fits_in_hbm_and_flags_are_consistent(catalog, cal, layout):
+    m, s, p = _specs(catalog, layout)
+    out = sim(m, s, p, cal)
+    used, cap = float(out.hbm_used_GiB), float(out.hbm_capacity_GiB)
+    flags = int(out.infeasible)
+    assert np.isfinite(float(out.step_time_s))
+    if flags == 0:
+        assert used <= cap
+    assert bool(flags & Infeasible.HBM_CAPACITY) == (used > cap)
+
+
+def test_infeasible_configurations_stay_finite_and_name_their_reason(catalog, cal):
+    # 70B with no recompute on 8 GPUs does not fit; 10 heads do not divide tp=8 for a toy model
+    m, s, p = make(catalog, n_gpus=8, tp=1, pp=1, zero=0, recompute="none", global_batch=8)
+    out = sim(m, s, p, cal)
+    assert int(out.infeasible) & Infeasible.HBM_CAPACITY
+    assert np.isfinite(float(out.step_time_s)) and float(out.step_time_s) > 0
+    toy = build.model_spec(dict(layers=4, hidden=640, heads=10, ffn_hidden=2560, vocab=1000))
+    out = sim(toy, s, build.plan_spec(n_gpus=8, tp=8, global_batch=8, seq_len=128), cal)
+    assert "attention heads or KV heads are not divisible by tp" in Infeasible.describe(int(out.infeasible))
+
+
+def test_vmap_equals_one_at_a_time(catalog, cal):
+    layouts = [dict(tp=8, pp=2), dict(tp=4, pp=4, vp=5), dict(tp=2, pp=1, cp=2, zero=3), dict(tp=8, pp=8, vp=2)]
+    specs = [make(catalog, **lay) for lay in layouts]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *specs)
+    batched = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))(*stacked, cal)
+    for i, (m, s, p) in enumerate(specs):
+        one = sim(m, s, p, cal)
+        for leaf_b, leaf_1 in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
+            np.testing.assert_allclose(np.asarray(leaf_b)[i], np.asarray(leaf_1), rtol=1e-6)
+
+
+def test_float32_agrees_with_float64_reference(catalog, cal):
+    m, s, p = make(catalog, tp=4, pp=4, vp=5, cp=2, zero=1, recompute="selective")
+    out32 = simulate(m, s, p, cal)
+    with jax.enable_x64():
+        up = lambda t: jax.tree.map(lambda x: x.astype(jnp.float64) if x.dtype == jnp.float32 else x, t)  # noqa: E731
+        out64 = simulate(up(m), up(s), up(p), up(cal))
+        ref = {k: float(getattr(out64, k)) for k in ("step_time_s", "mfu", "hbm_used_GiB", *STEP_TERMS)}
+    assert jnp.asarray(out32.step_time_s).dtype == jnp.float32
+    for k, v in ref.items():
+        assert float(getattr(out32, k)) == pytest.approx(v, rel=1e-4, abs=1e-7)
+
+
+def test_new_values_do_not_recompile(catalog, cal):
+    traces = []
+
+    @jax.jit
+    def f(m, s, p, c):
+        traces.append(1)
+        return simulate(m, s, p, c).step_time_s
+
+    for lay in (dict(tp=8, pp=2), dict(tp=4, pp=4, vp=5, zero=3), dict(tp=1, pp=1, cp=2, recompute="full")):
+        for gpu in ("h100-sxm-80gb", "b200"):
+            f(*make(catalog, gpu=gpu, **lay), cal)
+    assert len(traces) == 1
+
+
+CONTINUOUS = [
+    ("device", "hbm_bw_GBps"),
+    ("device", "peak_tflops"),
+    ("device", "hbm_capacity_GiB"),
+    ("network", "bw_GBps"),
+    ("network", "latency_us"),
+    ("network", "busbw_eff"),
+    ("host", "tier_path_GBps"),
+]
+
+
+@pytest.mark.parametrize("field", CONTINUOUS)
+def test_gradients_are_finite_and_match_finite_differences(catalog, cal, field):
+    m, s, p = make(catalog, n_gpus=128, tp=4, pp=4, vp=5, zero=3, global_batch=256)
+    head, leaf = field
+
+    def step(x):
+        sub = dataclasses.replace(getattr(s, head), **{leaf: x})
+        return simulate(m, dataclasses.replace(s, **{head: sub}), p, cal).step_time_s
+
+    x0 = getattr(getattr(s, head), leaf)
+    g = jax.grad(step)(x0)
+    assert np.all(np.isfinite(np.asarray(g)))
+    # Central differences in float64 along a random direction.
+    with jax.enable_x64():
+        up = lambda t: jax.tree.map(lambda v: v.astype(jnp.float64) if v.dtype == jnp.float32 else v, t)  # noqa: E731
+        m64, s64, p64, c64 = up(m), up(s), up(p), up(cal)
+        x64 = getattr(getattr(s64, head), leaf)
+
+        def step64(x):
+            sub = dataclasses.replace(getattr(s64, head), **{leaf: x})
+            return simulate(m64, dataclasses.replace(s64, **{head: sub}), p64, c64).step_time_s
+
+        d = np.random.default_rng(0).uniform(0.5, 1.0, np.shape(x64)) * np.asarray(x64)
+        eps = 1e-6
+        fd = (step64(x64 + eps * d) - step64(x64 - eps * d)) / (2 * eps)
+        analytic = float(np.sum(np.asarray(jax.grad(step64)(x64)) * d))
+    assert analytic == pytest.approx(float(fd), rel=1e-3, abs=1e-9)
+    assert float(np.sum(np.asarray(g) * d)) == pytest.approx(analytic, rel=1e-2, abs=1e-6)
