@@ -303,3 +303,88 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "per_source": per_source,
         "rows": rows,
     }
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+MEMORY_COLUMNS = ("source", "model", "gpu", "n_gpus", "tp", "pp", "dp", "cp", "micro_batch", "seq_len",
+                  "recompute", "sp", "component", "value", "unit", "notes")  # fmt: skip
+
+
+def default_memory_path() -> Path:
+    return Path(str(resources.files("hetersim") / "data" / "published_memory.csv"))
+
+
+def _component(out, i: int, component: str) -> float | None:
+    c = component.lower()
+    if c.startswith("params+grads+optimizer"):
+        return float(out.weights_GiB[i] + out.grads_GiB[i] + out.optimizer_GiB[i])
+    if c == "activations":
+        return float(out.activations_GiB[i])
+    if c.startswith("peak memory"):
+        return float(out.hbm_used_GiB[i])
+    return None
+
+
+def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_path=None) -> dict[str, Any]:
+    """Compare per-GPU memory with ``published_memory.csv``.
+
+    Each memory row is matched to the run of ``published_runs.csv`` with the same model, GPU
+    count, tp, pp, cp and sequence length; its recompute mode, sequence parallelism and
+    micro-batch replace the run's. Rows whose value is not a number (relative figures) or that
+    match no run are listed as skipped.
+    """
+    path = Path(path) if path else default_memory_path()
+    try:
+        recs = list(csv.DictReader(path.read_text().splitlines()))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read memory file ({e.strerror})") from None
+    if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
+        raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
+    runs = read_runs(runs_path or default_runs_path())
+    results, skipped = [], []
+    for k, rec in enumerate(recs, start=2):
+        try:
+            value = float(rec["value"])
+        except ValueError:
+            skipped.append(f"line {k}: value {rec['value'][:30]!r} is not a number")
+            continue
+        match = next((r for r in runs if _same_config(r.fields, rec)), None)
+        if match is None:
+            skipped.append(f"line {k}: no run of {rec['model']} with this layout")
+            continue
+        inp = row_inputs(match, catalog, str(path))
+        plan = dict(inp["plan"], micro_batch=int(rec["micro_batch"]))
+        per_step = plan["micro_batch"] * plan["dp"]
+        plan["global_batch"] = max(plan["global_batch"] // per_step, 1) * per_step
+        if rec["recompute"].strip():
+            plan["recompute"] = rec["recompute"].strip()
+        if rec["sp"].strip():
+            plan["sp"] = rec["sp"].strip() == "True"
+        if "optimizer_sharding=false" in rec["notes"]:
+            plan["zero"] = 0
+        model = build.model_spec(inp["model"])
+        system = build.system_spec(inp["gpu"], catalog.links, inp["scaleup_domain"])
+        out = _predict(_stack([model]), _stack([system]), _stack([build.plan_spec(**plan)]), cal)
+        pred = _component(out, 0, rec["component"])
+        if pred is None:
+            skipped.append(f"line {k}: component {rec['component']!r} is not modelled")
+            continue
+        results.append(
+            dict(model=rec["model"], layout=f"tp{rec['tp']}-pp{rec['pp']}-dp{rec['dp']}-cp{rec['cp']}",
+                 recompute=plan["recompute"], component=rec["component"], measured_GiB=value, predicted_GiB=pred,
+                 error_pct=(pred - value) / value * 100.0)  # fmt: skip
+        )
+    errs = np.array([abs(r["error_pct"]) for r in results]) if results else np.array([np.nan])
+    return {"n": len(results), "mape_pct": float(np.mean(errs)), "rows": results, "skipped": skipped}
+
+
+def _same_config(run: Mapping[str, str], mem: Mapping[str, str]) -> bool:
+    def num(x):
+        try:
+            return float(x)
+        except ValueError:
+            return None
+
+    same = all(num(run[c]) == num(mem[c]) for c in ("n_gpus", "tp", "pp", "cp", "seq_len"))
+    return same and run["model"].strip().lower().startswith(mem["model"].strip().lower())

@@ -105,3 +105,16 @@ def test_shared_schema_without_attention_column_is_read(tmp_path, catalog, cal):
     rep = validation.validate(validation.read_runs(path), catalog, cal)
     assert rep["n_runs"] == 4
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_memory_against_published_figures(catalog, cal):
+    rep = validation.validate_memory(None, catalog, cal)
+    print(f"\nmemory: n={rep['n']} MAPE {rep['mape_pct']:.1f}%")
+    korth = [r for r in rep["rows"] if r["component"] == "activations"]
+    assert len(korth) == 8
+    # Korthikanti et al.'s activation memory (Fig. 1, first pipeline stage, interleaved schedule)
+    for r in korth:
+        assert r["predicted_GiB"] == pytest.approx(r["measured_GiB"], rel=0.01)
+    states = [r for r in rep["rows"] if r["component"].startswith("params+grads+optimizer")]
+    assert states and all(abs(r["error_pct"]) <= 10.0 for r in states)
+    assert rep["mape_pct"] <= 17.0
