@@ -340,5 +340,44 @@ def calibrate_cmd(
         fmt.print_summary(fmt.console(), "Calibration", summary)
 
 
+# --------------------------------------------------------------------------------------------
+# sweep and bench
+# --------------------------------------------------------------------------------------------
+
+
+@app.command("sweep")
+@user_errors
+def sweep_cmd(
+    study: Path | None = typer.Argument(None, help="Study TOML [default: the packaged default study]."),
+    out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
+    chunk: int = typer.Option(65536, "--chunk", help="Configurations per compiled batch."),
+    scheduler: str | None = typer.Option(None, "--scheduler", help="Dask scheduler address (tcp://host:8786)."),
+    workers: int = typer.Option(0, "--workers", help="Start a local Dask cluster with N workers."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Evaluate every configuration of a study; write a netCDF dataset and print the best ones."""
+    from dse.sweep_cli import sweep_command
+
+    _positive("--chunk", chunk)
+    if workers < 0:
+        raise ValueError(f"--workers must be >= 0; got {workers}")
+    sweep_command(study, out, chunk, scheduler, workers, as_json)
+
+
+@app.command("bench")
+@user_errors
+def bench_cmd(
+    configs: int = typer.Option(1_000_000, "--configs", help="Configurations to evaluate."),
+    chunk: int = typer.Option(65536, "--chunk", help="Configurations per compiled batch."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the figures as JSON to this file."),
+) -> None:
+    """Measure configurations per second, compile time and peak memory of the vectorized model."""
+    from dse.sweep_cli import bench_command
+
+    _positive("--configs", configs)
+    _positive("--chunk", chunk)
+    bench_command(configs, chunk, json_path)
+
+
 if __name__ == "__main__":
     app()

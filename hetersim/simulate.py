@@ -180,10 +180,7 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
     p_local = memory.local_params(model, plan)
     n_dp = memory.zero_group(plan)
     s_dpg = jnp.minimum(s_dp, jnp.where(plan.cp > 1, s_cp, s_dp))
-    # Megatron's distributed optimizer reduces gradients in the parameters' 16-bit type by default
-    # (DistributedDataParallelConfig.grad_reduce_in_fp32 = False); plain DDP all-reduces its fp32
-    # main-grad buffer and FSDP2 reduces in fp32 (MixedPrecisionPolicy.reduce_dtype).
-    grad_bytes = p_local * jnp.where((plan.zero >= 1) & (plan.zero <= 2), 2.0, memory.GRAD_BYTES)
+    grad_bytes = p_local * memory.grad_bytes(plan)
     w_bytes = p_local * memory.WEIGHT_BYTES
     t_fwd_mb = layers_stage * (layer_f + tp_f + cp_f)
     t_bwd_mb = layers_stage * (layer_b + recomp + tp_b + cp_b)

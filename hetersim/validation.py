@@ -371,9 +371,15 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
             skipped.append(f"line {k}: component {rec['component']!r} is not modelled")
             continue
         results.append(
-            dict(model=rec["model"], layout=f"tp{rec['tp']}-pp{rec['pp']}-dp{rec['dp']}-cp{rec['cp']}",
-                 recompute=plan["recompute"], component=rec["component"], measured_GiB=value, predicted_GiB=pred,
-                 error_pct=(pred - value) / value * 100.0)  # fmt: skip
+            dict(
+                model=rec["model"],
+                layout=f"tp{rec['tp']}-pp{rec['pp']}-dp{rec['dp']}-cp{rec['cp']}",
+                recompute=plan["recompute"],
+                component=rec["component"],
+                measured_GiB=value,
+                predicted_GiB=pred,
+                error_pct=(pred - value) / value * 100.0,
+            )  # fmt: skip
         )
     errs = np.array([abs(r["error_pct"]) for r in results]) if results else np.array([np.nan])
     return {"n": len(results), "mape_pct": float(np.mean(errs)), "rows": results, "skipped": skipped}

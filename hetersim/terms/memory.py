@@ -9,7 +9,9 @@ from ..units import GiB
 from .flops import kv_ratio, layer_params
 
 WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
-GRAD_BYTES = 4.0  # gradients accumulated and reduced in fp32 (Megatron main_grad, FSDP2 reduce_dtype)
+GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2 reduce_dtype (zero 3)
+GRAD_BYTES_DIST_OPT = 2.0  # Megatron's distributed optimizer keeps its grad buffer in the parameter
+# dtype by default (DistributedDataParallelConfig.grad_reduce_in_fp32 = False)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights, Adam m and v
 RUNTIME_RESERVED_GiB = 1.5  # CUDA context, cuBLAS workspace, NCCL channel buffers (see calibration.toml)
 
@@ -35,13 +37,20 @@ def zero_group(plan: Plan):
     return plan.dp * plan.cp
 
 
+def grad_bytes(plan: Plan):
+    """Bytes per gradient element, in memory and on the wire."""
+    dist_opt = (plan.zero >= 1) & (plan.zero <= 2)
+    return jnp.where(dist_opt & (plan.precision_code != 3), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
+
+
 def state_bytes(m: ModelSpec, plan: Plan):
     """(weights, gradients, optimizer) bytes per GPU before any offload."""
     p = local_params(m, plan)
     n = zero_group(plan)
     wbytes = jnp.where(plan.precision_code == 3, 4.0, WEIGHT_BYTES)
     weights = p * wbytes / jnp.where(plan.zero >= 3, n, 1.0)
-    grads = p * GRAD_BYTES / jnp.where(plan.zero >= 2, n, 1.0)
+    gbytes = grad_bytes(plan)
+    grads = p * gbytes / jnp.where(plan.zero >= 2, n, 1.0)
     opt = p * OPTIMIZER_BYTES / jnp.where(plan.zero >= 1, n, 1.0)
     return weights, grads, opt
 
@@ -61,13 +70,18 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     b, s = plan.micro_batch, plan.seq_len / plan.cp
     h, f, a, t = m.hidden, m.ffn_hidden, m.heads, plan.tp
     sp_div = jnp.where(plan.sp > 0, t, 1.0)
-    replicated = (8.0 + 2.0 * m.dropout) * h / sp_div
-    mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f)
+    # FP8 training (Transformer Engine) saves the inputs of the four GEMMs as 1-byte FP8 copies
+    # for the weight-gradient GEMMs: the QKV, output-projection and MLP inputs (h each) and the
+    # down projection's input (f) take half the bytes.
+    fp8 = plan.precision_code == 2
+    gemm_in_save = jnp.where(fp8, 1.0, 0.0)
+    replicated = (8.0 + 2.0 * m.dropout) * h / sp_div - gemm_in_save * 2.0 * h / sp_div
+    mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) - gemm_in_save * f
     # Selective recomputation with flash attention (nothing s x s to drop) recomputes the cheap
     # element-wise ops instead, as torchtitan's op-level policy does: the activation function's
     # output (the down projection's input, 2f per token) is not stored.
     mlp = mlp - jnp.where((plan.recompute_code == 1) & (plan.attention_code == 0), 2.0 * f, 0.0)
-    sharded = (2.0 * h + 4.0 * h * kv_ratio(m) + 2.0 * h + mlp) / t
+    sharded = (2.0 * h + 4.0 * h * kv_ratio(m) + (2.0 - gemm_in_save) * h + mlp) / t
     scores = (2.0 + 3.0 * m.dropout) * a * plan.seq_len / t  # per query token
     flash_lse = 4.0 * a / t
     keep_scores = (plan.attention_code == 1) & (plan.recompute_code == 0)

@@ -1,0 +1,141 @@
+"""How fast the sweep engine evaluates configurations (``hetersim bench``).
+
+The space is a realistic mix: random valid layouts (GPU count, tp, pp, cp, micro- and global
+batch, vp, sequence length) of LLaMA-2-70B and LLaMA-3-405B on H100 and H200, crossed with ZeRO
+stage, recomputation and precision. It runs through the same compiled :func:`dse.sweep.evaluate_chunk`
+as a sweep (results pulled to the host, nothing written), and, for comparison, a few hundred
+configurations one at a time through ``jax.jit(simulate)`` with no ``vmap``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from dse.sweep import DEFAULT_CHUNK, Space, evaluate_chunk, layout_rows
+from hetersim import build
+from hetersim.calibration import load_calibration
+from hetersim.catalog import load_catalog
+from hetersim.simulate import simulate
+from hetersim.types import PRECISION, RECOMPUTE
+
+BENCH_MODELS = ("llama2-70b", "llama3-405b")
+BENCH_GPUS = ("h100-sxm-80gb", "h200-sxm-141gb")
+LAYOUT_CHOICES = {
+    "n_gpus": (128, 256, 512, 1024, 2048, 4096),
+    "tp": (1, 2, 4, 8),
+    "pp": (1, 2, 4, 8, 16),
+    "cp": (1, 2),
+    "micro_batch": (1, 2, 4),
+    "global_batch": (512, 1024, 2048),
+}
+VP_CHOICES = (1, 2, 3, 4)
+SEQ_CHOICES = (4096, 8192)
+ONE_AT_A_TIME = 300
+
+
+def bench_space(n_configs: int, seed: int = 0) -> Space:
+    """At least ``n_configs`` configurations: random valid layout rows (outermost, so any prefix
+    mixes models, GPUs and options) crossed with 2 models x 2 GPUs x ZeRO 0-3 x 3 recompute modes
+    x bf16/fp8."""
+    rng = np.random.default_rng(seed)
+    valid = layout_rows(LAYOUT_CHOICES)  # every layout the host rules keep, then sample them
+    inner = len(BENCH_MODELS) * len(BENCH_GPUS) * 4 * len(RECOMPUTE) * 2
+    n_rows = max(1, -(-n_configs // inner))
+    pick = rng.integers(0, len(valid["tp"]), n_rows)
+    layout = {c: v[pick] for c, v in valid.items()}
+    layout["vp"] = rng.choice(VP_CHOICES, n_rows)
+    layout["seq_len"] = rng.choice(SEQ_CHOICES, n_rows)
+    catalog = load_catalog()
+    factors = (
+        ("layout", layout),
+        ("model", {"model": np.arange(len(BENCH_MODELS))}),
+        ("gpu", {"gpu": np.arange(len(BENCH_GPUS))}),
+        ("zero", {"zero": np.arange(4)}),
+        ("recompute", {"recompute": np.arange(len(RECOMPUTE))}),
+        ("precision", {"precision": np.array([PRECISION.index("bf16"), PRECISION.index("fp8")])}),
+        ("fixed", {"sp": np.array([-1]), "attention": np.array([0]), "order": np.array([0])}),
+    )
+    return Space(
+        factors=factors,
+        model_entries={k: catalog.model(k) for k in BENCH_MODELS},
+        gpu_entries={k: catalog.gpu(k) for k in BENCH_GPUS},
+        links=dict(catalog.links),
+        fixed={"train_tokens": 2.0e12},
+    )
+
+
+def device_name() -> str:
+    d = jax.devices()[0]
+    cores = f", {os.cpu_count()} host cores" if d.platform == "cpu" else ""
+    return f"{d.platform}: {d.device_kind} x{jax.device_count()}{cores}"
+
+
+def peak_rss_MiB() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_bench(n_configs: int = 1_000_000, chunk: int = DEFAULT_CHUNK, one_at_a_time: int = ONE_AT_A_TIME) -> dict:
+    """Time ``n_configs`` configurations in chunks of ``chunk`` and ``one_at_a_time`` unbatched.
+
+    ``compile_s`` is trace + compile of the chunk function; ``configs_per_s`` counts real
+    configurations (not the last chunk's padding) over the wall time of all chunks, device to
+    host copy included.
+    """
+    if n_configs < 1:
+        raise ValueError(f"--configs must be a positive integer; got {n_configs}")
+    if chunk < 1:
+        raise ValueError(f"--chunk must be a positive integer; got {chunk}")
+    space = bench_space(n_configs)
+    cal = build.calibration_spec(load_calibration())
+    tables = space.tables()
+    kinds = space.kinds
+
+    t0 = time.perf_counter()
+    compiled = evaluate_chunk.lower(np.int32(0), tables, cal, chunk=chunk, kinds=kinds).compile()
+    compile_s = time.perf_counter() - t0
+
+    n_chunks = -(-n_configs // chunk)
+    sink = 0.0
+    t0 = time.perf_counter()
+    pending = None
+    for index in range(n_chunks):
+        out = compiled(np.int32(index * chunk), tables, cal)
+        if pending is not None:
+            sink += float(np.asarray(pending["step_time_s"])[0])
+            np.asarray(pending["feasible"])
+        pending = out
+    sink += float(np.asarray(pending["step_time_s"])[0])
+    elapsed = time.perf_counter() - t0
+
+    return {
+        "n_configs": n_configs,
+        "chunk": chunk,
+        "compile_s": compile_s,
+        "wall_s": elapsed,
+        "configs_per_s": n_configs / elapsed,
+        "peak_rss_MiB": peak_rss_MiB(),
+        "device": device_name(),
+        "one_at_a_time_configs_per_s": one_at_a_time_rate(space, cal, min(one_at_a_time, space.size)),
+    }
+
+
+def one_at_a_time_rate(space: Space, cal: Any, n: int) -> float | None:
+    """Configurations per second through ``jax.jit(simulate)`` called once per configuration
+    (specs built beforehand; the first call, which compiles, is not timed). None when ``n`` is 0."""
+    if n < 1:
+        return None
+    single = jax.jit(simulate)
+    stride = max(1, space.size // max(n, 1))
+    specs = [space.specs(i * stride) for i in range(n)]
+    jax.block_until_ready(single(*specs[0], cal))
+    t0 = time.perf_counter()
+    for model, system, plan in specs:
+        jax.block_until_ready(single(model, system, plan, cal))
+    return n / (time.perf_counter() - t0)

@@ -1,0 +1,73 @@
+"""What a sweep stores per configuration: metric names, units, labels and which way is better.
+
+Pure data, no JAX: study files are validated against these names (objectives, constraints) and
+the sweep writes one netCDF variable per entry with its ``units`` and ``long_name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Sense = Literal["min", "max"]
+
+# Breakdown terms of the step time, in hetersim.simulate.STEP_TERMS order (a test keeps the two
+# in step; importing hetersim.simulate here would pull JAX into study validation).
+STEP_TERM_LABELS = {
+    "compute_s": "forward and backward compute of the busiest stage",
+    "recompute_s": "activation recomputation",
+    "tp_comm_s": "exposed tensor-parallel communication",
+    "cp_comm_s": "exposed context-parallel communication",
+    "pp_comm_s": "exposed pipeline point-to-point communication",
+    "dp_comm_s": "exposed data-parallel / ZeRO communication",
+    "bubble_s": "pipeline bubble (fill and drain)",
+    "optimizer_s": "optimizer step",
+    "offload_s": "exposed offload traffic",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    units: str
+    long_name: str
+    sense: Sense = "min"  # which way is better when the metric is an objective
+    dtype: str = "f4"  # netCDF type
+
+
+METRICS: dict[str, Metric] = {
+    "step_time_s": Metric("s", "training step time"),
+    **{name: Metric("s", f"{label} per step") for name, label in STEP_TERM_LABELS.items()},
+    "tokens_per_s": Metric("tokens/s", "training throughput", "max"),
+    "tokens_per_s_per_gpu": Metric("tokens/s/GPU", "training throughput per GPU", "max"),
+    "mfu": Metric("1", "model FLOPs utilization", "max"),
+    "hfu": Metric("1", "hardware FLOPs utilization (with recomputation)", "max"),
+    "model_tflops_per_gpu": Metric("TFLOP/s", "model FLOP/s per GPU", "max"),
+    "hbm_used_GiB": Metric("GiB", "HBM used per GPU"),
+    "weights_GiB": Metric("GiB", "weights in HBM per GPU"),
+    "grads_GiB": Metric("GiB", "gradients in HBM per GPU"),
+    "optimizer_GiB": Metric("GiB", "optimizer states in HBM per GPU"),
+    "activations_GiB": Metric("GiB", "stored activations per GPU"),
+    "time_to_train_s": Metric("s", "time to train the token budget"),
+    "cost_usd": Metric("USD", "cost to train the token budget (on-demand GPU-hours)"),
+    "energy_kWh": Metric("kWh", "GPU energy to train the token budget (at TDP)"),
+    "infeasible": Metric("1", "why the configuration cannot run (hetersim.types.Infeasible bit flags)", "min", "i4"),
+}
+
+# Derived quantities a constraint may bound besides the metrics above.
+DERIVED = {"hbm_frac": Metric("1", "HBM used / HBM capacity")}
+
+CONSTRAINT_PREFIXES = ("max_", "min_")
+
+
+def constraint_metric(key: str) -> tuple[str, Sense] | None:
+    """``"max_hbm_frac"`` -> ``("hbm_frac", "max")``; None when ``key`` bounds no known metric."""
+    for prefix in CONSTRAINT_PREFIXES:
+        name = key.removeprefix(prefix)
+        if key.startswith(prefix) and (name in METRICS or name in DERIVED) and name != "infeasible":
+            return name, prefix[:-1]  # type: ignore[return-value]
+    return None
+
+
+def constraint_keys() -> list[str]:
+    names = [n for n in (*METRICS, *DERIVED) if n != "infeasible"]
+    return [p + n for n in names for p in CONSTRAINT_PREFIXES]

@@ -1,0 +1,433 @@
+"""Study files: the question a sweep answers, as TOML (format: ``studies/README.md``).
+
+A study names the model(s), the hardware and the plan axes; a list is an axis, a scalar a fixed
+value, ``"auto"`` every sensible value (rules in :data:`AUTO_RULES`). :func:`load_study` reads
+and validates one, and resolves catalog entries and ``"auto"`` axes, so that everything after
+it works on plain values. Every problem is a one-line ``ValueError`` naming the file and key.
+Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dse.metrics import METRICS, constraint_keys, constraint_metric
+from hetersim.catalog import Catalog, apply_overrides, load_catalog
+from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER, ZERO_STAGES
+
+DEFAULT_STUDY = Path(__file__).resolve().parent / "studies" / "default.toml"
+
+DEFAULT_OBJECTIVES = ("time_to_train_s", "cost_usd")
+
+# Plan axes in the order of the sweep's ``config`` dimension after model, gpu and n_gpus. The
+# first five with n_gpus are the ones the host filters on (dp must be an integer, the global
+# batch a multiple of micro_batch * dp), so they stay together.
+PLAN_AXES = (
+    "tp",
+    "pp",
+    "cp",
+    "micro_batch",
+    "global_batch",
+    "vp",
+    "zero",
+    "recompute",
+    "sp",
+    "precision",
+    "seq_len",
+    "attention",
+    "order",
+)
+CATEGORICAL = {"recompute": RECOMPUTE, "precision": PRECISION, "attention": ATTENTION, "order": ORDER}
+PLAN_DEFAULTS: dict[str, Any] = {
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "micro_batch": 1,
+    "vp": 1,
+    "zero": 0,
+    "recompute": "none",
+    "sp": "auto",
+    "precision": "bf16",
+    "attention": "flash",
+    "order": ORDER[0],
+}
+PLAN_SCALARS = ("train_tokens", "offload", "cpu_optimizer", "bucket_Mparams")
+DEFAULT_TRAIN_TOKENS = 2.0e12
+
+AUTO_RULES = {
+    "tp": "divisors of n_gpus up to the GPU's scale-up domain that divide the heads and KV heads",
+    "pp": "divisors of n_gpus up to 64 and up to the number of layers",
+    "cp": "powers of two up to 16 dividing n_gpus and seq_len/2",
+    "vp": "divisors of the number of layers up to 8",
+    "micro_batch": "1, 2, 4, 8 (up to the global batch)",
+    "zero": "0, 1, 2, 3",
+    "recompute": ", ".join(RECOMPUTE),
+    "precision": "bf16, fp8 (fp16 runs at the bf16 rate; fp32 is not a training precision here)",
+    "attention": ", ".join(ATTENTION),
+    "order": ", ".join(ORDER),
+    "sp": "on when tp > 1 (Megatron's practice); not an axis",
+}
+AUTO_PRECISIONS = ("bf16", "fp8")
+
+TOP_KEYS = ("name", "description", "catalog", "model", "hardware", "plan", "constraints", "objectives")
+MODEL_KEYS = ("key",)
+HARDWARE_KEYS = ("gpu", "n_gpus", "set")
+PLAN_KEYS = (*PLAN_AXES, *PLAN_SCALARS)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class Study:
+    """A validated study with every axis resolved to a tuple of plain values.
+
+    ``axes`` holds ``model``, ``gpu``, ``n_gpus`` and every name of :data:`PLAN_AXES`, in that
+    order; categorical values are names, ``sp`` is ``"auto"`` (on when tp > 1) or booleans.
+    """
+
+    name: str
+    text: str
+    origin: str
+    axes: dict[str, tuple[Any, ...]]
+    models: dict[str, dict[str, Any]]  # key -> catalog entry
+    gpus: dict[str, dict[str, Any]]  # key -> catalog entry with hardware.set applied
+    links: dict[str, dict[str, Any]]
+    train_tokens: float = DEFAULT_TRAIN_TOKENS
+    offload: dict[str, str] = field(default_factory=dict)
+    cpu_optimizer: bool | None = None
+    bucket_Mparams: float = 0.0
+    constraints: dict[str, float] = field(default_factory=dict)
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    description: str = ""
+
+    @property
+    def cross_product_size(self) -> int:
+        """Configurations before the host's divisibility filter."""
+        n = 1
+        for values in self.axes.values():
+            n *= len(values)
+        return n
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_study(path: str | Path | None = None, catalog: Catalog | None = None) -> Study:
+    """Read and validate a study file (default: the packaged :data:`DEFAULT_STUDY`)."""
+    path = Path(path) if path is not None else DEFAULT_STUDY
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"study file {path}: not found") from None
+    except OSError as error:
+        raise ValueError(f"study file {path}: cannot read ({error.strerror})") from None
+    return parse_study(text, origin=str(path), base=path.parent, catalog=catalog)
+
+
+def parse_study(text: str, origin: str = "<study>", base: Path | None = None, catalog: Catalog | None = None) -> Study:
+    """Validate study TOML ``text``; ``origin`` names it in errors, ``base`` resolves ``catalog`` paths."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise _err(origin, None, f"invalid TOML: {error}") from None
+    _known(origin, None, doc, TOP_KEYS)
+    name = doc.get("name")
+    if name is None:
+        raise _err(origin, "name", "missing; give the study a name (letters, digits, '.', '_', '-')")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        rule = "must be letters, digits, '.', '_' or '-' (it names the results file)"
+        raise _err(origin, "name", f"{rule}; got {name!r}")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise _err(origin, "description", f"must be a string; got {description!r}")
+
+    if catalog is None or "catalog" in doc:
+        catalog = _catalog(origin, doc.get("catalog", []), base)
+    model_t = _table(origin, "model", doc.get("model"), required=True)
+    hw = _table(origin, "hardware", doc.get("hardware"), required=True)
+    plan_t = _table(origin, "plan", doc.get("plan"), required=True)
+    _known(origin, "model", model_t, MODEL_KEYS)
+    _known(origin, "hardware", hw, HARDWARE_KEYS)
+    _known(origin, "plan", plan_t, PLAN_KEYS)
+
+    model_keys = _strings(origin, "model.key", _required(origin, "model.key", model_t.get("key")))
+    models = {k: _lookup(origin, "model.key", catalog.model, k) for k in model_keys}
+    gpu_keys = _strings(origin, "hardware.gpu", _required(origin, "hardware.gpu", hw.get("gpu")))
+    overrides = _table(origin, "hardware.set", hw.get("set"), required=False)
+    for key, value in overrides.items():
+        if isinstance(value, dict | list):
+            raise _err(origin, f"hardware.set.{key}", f"must be a single value; got {value!r}")
+    gpus = {}
+    for key in gpu_keys:
+        entry = _lookup(origin, "hardware.gpu", catalog.gpu, key)
+        if overrides:
+            entry = apply_overrides("gpus", key, entry, overrides, origin=f"{origin}: hardware.set", catalog=catalog)
+        gpus[key] = entry
+    n_gpus = _ints(origin, "hardware.n_gpus", _required(origin, "hardware.n_gpus", hw.get("n_gpus")), lo=1)
+
+    axes: dict[str, tuple[Any, ...]] = {"model": model_keys, "gpu": gpu_keys, "n_gpus": n_gpus}
+    raw = {k: plan_t.get(k, PLAN_DEFAULTS.get(k)) for k in PLAN_AXES}
+    for key in ("global_batch", "seq_len"):
+        _required(origin, f"plan.{key}", raw[key])
+        if raw[key] == "auto":
+            raise _err(origin, f"plan.{key}", '"auto" is not allowed here; give a value or a list of values')
+    # Axes that "auto" derives from others are parsed first.
+    axes["global_batch"] = _ints(origin, "plan.global_batch", raw["global_batch"], lo=1)
+    axes["seq_len"] = _ints(origin, "plan.seq_len", raw["seq_len"], lo=1)
+    ctx = _AutoContext(n_gpus, list(models.values()), list(gpus.values()), axes["global_batch"], axes["seq_len"])
+    for key in PLAN_AXES:
+        if key in axes:
+            continue
+        axes[key] = _plan_axis(origin, key, raw[key], ctx)
+    axes = {k: axes[k] for k in ("model", "gpu", "n_gpus", *PLAN_AXES)}
+    _check_possible(origin, axes)
+
+    scalars = _plan_scalars(origin, plan_t)
+    constraints = _constraints(origin, _table(origin, "constraints", doc.get("constraints"), required=False))
+    objectives = _objectives(origin, doc.get("objectives", list(DEFAULT_OBJECTIVES)))
+    return Study(
+        name=name,
+        text=text,
+        origin=origin,
+        axes=axes,
+        models=models,
+        gpus=gpus,
+        links=dict(catalog.links),
+        constraints=constraints,
+        objectives=objectives,
+        description=description,
+        **scalars,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces
+# --------------------------------------------------------------------------------------------
+
+
+def _err(origin: str, key: str | None, message: str) -> ValueError:
+    where = f"study file {origin}" if key is None else f"study file {origin}: {key}"
+    return ValueError(f"{where}: {message}")
+
+
+def _known(origin: str, section: str | None, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in table:
+        if key not in allowed:
+            full = key if section is None else f"{section}.{key}"
+            raise _err(origin, full, f"unknown key; allowed: {', '.join(allowed)}")
+
+
+def _table(origin: str, key: str, value: Any, required: bool) -> dict[str, Any]:
+    if value is None:
+        if required:
+            raise _err(origin, key, f"missing; add a [{key}] table")
+        return {}
+    if not isinstance(value, dict):
+        raise _err(origin, key, f"must be a table ([{key}]); got {value!r}")
+    return value
+
+
+def _required(origin: str, key: str, value: Any) -> Any:
+    if value is None:
+        raise _err(origin, key, "missing")
+    return value
+
+
+def _catalog(origin: str, files: Any, base: Path | None) -> Catalog:
+    if isinstance(files, str):
+        files = [files]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise _err(origin, "catalog", f"must be a file name or a list of them; got {files!r}")
+    paths = [Path(f) if Path(f).is_absolute() or base is None else base / f for f in files]
+    try:
+        return load_catalog(paths)
+    except ValueError as error:
+        raise _err(origin, "catalog", str(error)) from None
+
+
+def _lookup(origin: str, key: str, get, name: str) -> dict[str, Any]:
+    try:
+        return get(name)
+    except ValueError as error:
+        raise _err(origin, key, str(error)) from None
+
+
+def _as_list(origin: str, key: str, value: Any) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise _err(origin, key, "empty list; give at least one value")
+    seen = []
+    for v in values:
+        if v in seen and not isinstance(v, bool):
+            raise _err(origin, key, f"duplicate value {v!r}")
+        seen.append(v)
+    return values
+
+
+def _strings(origin: str, key: str, value: Any) -> tuple[str, ...]:
+    values = _as_list(origin, key, value)
+    for v in values:
+        if not isinstance(v, str):
+            raise _err(origin, key, f"must be a string or a list of strings; got {v!r}")
+    return tuple(values)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(origin: str, key: str, value: Any, lo: int, hi: int | None = None) -> tuple[int, ...]:
+    values = _as_list(origin, key, value)
+    for v in values:
+        if not _is_int(v):
+            raise _err(origin, key, f"must be an integer or a list of integers; got {v!r}")
+        if v < lo or (hi is not None and v > hi):
+            bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+            raise _err(origin, key, f"must be {bound}; got {v}")
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class _AutoContext:
+    n_gpus: tuple[int, ...]
+    models: list[dict[str, Any]]
+    gpus: list[dict[str, Any]]
+    global_batch: tuple[int, ...]
+    seq_len: tuple[int, ...]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def auto_values(key: str, ctx: _AutoContext) -> tuple[Any, ...]:
+    """Every sensible value of plan axis ``key`` (:data:`AUTO_RULES`): the union over the
+    study's GPU counts, GPUs and models, so one axis serves every combination (a value that
+    does not suit one of them is flagged infeasible or dropped for it)."""
+    out: set[Any] = set()
+    if key == "tp":
+        for n in ctx.n_gpus:
+            for g in ctx.gpus:
+                for d in _divisors(n, int(g.get("scaleup_domain", 8))):
+                    heads = [(int(m["heads"]), int(m.get("kv_heads", m["heads"]))) for m in ctx.models]
+                    out.update(d for h, kv in heads if h % d == 0 and kv % d == 0)
+    elif key == "pp":
+        for n in ctx.n_gpus:
+            out.update(d for m in ctx.models for d in _divisors(n, min(64, int(m["layers"]))))
+    elif key == "cp":
+        pow2 = [1, 2, 4, 8, 16]
+        fits_n = [c for c in pow2 if any(n % c == 0 for n in ctx.n_gpus)]
+        out.update(c for c in fits_n if any(s % (2 * c) == 0 for s in ctx.seq_len))
+        out.add(1)
+    elif key == "vp":
+        out.update(d for m in ctx.models for d in _divisors(int(m["layers"]), 8))
+    elif key == "micro_batch":
+        out.update(b for b in (1, 2, 4, 8) if b <= max(ctx.global_batch))
+    elif key == "zero":
+        out.update(ZERO_STAGES)
+    elif key == "precision":
+        return AUTO_PRECISIONS
+    elif key in CATEGORICAL:
+        return CATEGORICAL[key]
+    elif key == "sp":
+        return ("auto",)
+    return tuple(sorted(out))
+
+
+def _plan_axis(origin: str, key: str, value: Any, ctx: _AutoContext) -> tuple[Any, ...]:
+    full = f"plan.{key}"
+    if value == "auto":
+        return auto_values(key, ctx)
+    if isinstance(value, list) and "auto" in value:
+        raise _err(origin, full, f'"auto" stands alone (write plan.{key} = "auto"), not inside a list')
+    if key in CATEGORICAL:
+        options = CATEGORICAL[key]
+        values = _strings(origin, full, value)
+        for v in values:
+            if v not in options:
+                raise _err(origin, full, f'must be one of {", ".join(options)} or "auto"; got {v!r}')
+        return values
+    if key == "sp":
+        values = _as_list(origin, full, value)
+        if not all(isinstance(v, bool) for v in values) or len(set(values)) != len(values):
+            raise _err(origin, full, f'must be true, false, [false, true] or "auto" (on when tp > 1); got {value!r}')
+        return tuple(values)
+    if key == "zero":
+        return _ints(origin, full, value, lo=0, hi=3)
+    return _ints(origin, full, value, lo=1)
+
+
+def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
+    """Values that no combination of the other axes can use."""
+    n_gpus = axes["n_gpus"]
+    for key in ("tp", "pp", "cp"):
+        for v in axes[key]:
+            if not any(n % v == 0 for n in n_gpus):
+                ns = ", ".join(map(str, n_gpus))
+                raise _err(origin, f"plan.{key}", f"{v} divides none of hardware.n_gpus ({ns})")
+    for b in axes["micro_batch"]:
+        if b > max(axes["global_batch"]):
+            raise _err(origin, "plan.micro_batch", f"{b} is larger than every plan.global_batch")
+
+
+def _number(origin: str, key: str, value: Any, positive: bool = True) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (positive and value <= 0) or (not positive and value < 0):
+        kind = "a positive number" if positive else "a number >= 0"
+        raise _err(origin, key, f"must be {kind}; got {value!r}")
+    return float(value)
+
+
+def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "train_tokens" in plan_t:
+        out["train_tokens"] = _number(origin, "plan.train_tokens", plan_t["train_tokens"])
+    if "bucket_Mparams" in plan_t:
+        out["bucket_Mparams"] = _number(origin, "plan.bucket_Mparams", plan_t["bucket_Mparams"], positive=False)
+    if "cpu_optimizer" in plan_t:
+        if not isinstance(plan_t["cpu_optimizer"], bool):
+            raise _err(origin, "plan.cpu_optimizer", f"must be true or false; got {plan_t['cpu_optimizer']!r}")
+        out["cpu_optimizer"] = plan_t["cpu_optimizer"]
+    if "offload" in plan_t:
+        table = _table(origin, "plan.offload", plan_t["offload"], required=False)
+        for state, tier in table.items():
+            if state not in OFFLOAD_STATE:
+                raise _err(origin, f"plan.offload.{state}", f"unknown state; allowed: {', '.join(OFFLOAD_STATE)}")
+            if tier not in TIER[1:]:
+                raise _err(origin, f"plan.offload.{state}", f"must be one of {', '.join(TIER[1:])}; got {tier!r}")
+        out["offload"] = dict(table)
+    return out
+
+
+def _constraints(origin: str, table: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in table.items():
+        found = constraint_metric(key)
+        if found is None:
+            allowed = ", ".join(constraint_keys())
+            message = f"unknown constraint; allowed: max_<metric> or min_<metric>: {allowed}"
+            raise _err(origin, f"constraints.{key}", message)
+        metric, _ = found
+        v = _number(origin, f"constraints.{key}", value)
+        if metric == "hbm_frac" and v > 1.0:
+            raise _err(origin, f"constraints.{key}", f"must be in (0, 1]; got {value!r}")
+        out[key] = v
+    return out
+
+
+def _objectives(origin: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _err(origin, "objectives", f"must be a list of metric names; got {value!r}")
+    names = _strings(origin, "objectives", value)
+    for n in names:
+        if n not in METRICS or n == "infeasible":
+            allowed = ", ".join(m for m in METRICS if m != "infeasible")
+            raise _err(origin, "objectives", f"unknown metric {n!r}; allowed: {allowed}")
+    return names

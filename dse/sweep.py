@@ -1,0 +1,768 @@
+"""Vectorized sweeps: every configuration of a study, in fixed-size chunks, into one netCDF file.
+
+The space is a cross product of *factors*, each a small table of rows (one column per plan
+field: a plain axis is a one-column factor; ``n_gpus, tp, pp, cp, micro_batch, global_batch``
+form one factor holding only the rows whose ``dp = n_gpus / (tp*pp*cp)`` is an integer and whose
+global batch is a multiple of ``micro_batch * dp``, the cheap integer rules the host applies).
+Configuration ``i`` is the mixed-radix decoding of ``i`` over the factors' lengths.
+
+A chunk is evaluated by :func:`evaluate_chunk`: one ``jax.jit`` of (decode ``start + arange(chunk)``
+into per-factor rows with ``jnp`` gathers, build the batched specs, ``jax.vmap(simulate)``),
+compiled once per study shape and reused for every chunk, locally or on Dask workers. Each
+finished chunk is checkpointed to ``<out>.chunks/``, so an interrupted sweep resumes where it
+stopped; the final dataset is written to netCDF4 (zlib) through a temporary file and
+``os.replace``. See ``studies/README.md`` for the study format.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+import os
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dse.metrics import DERIVED, METRICS, constraint_metric
+from dse.study import CATEGORICAL, Study, load_study
+from hetersim import build
+from hetersim.calibration import load_calibration
+from hetersim.simulate import simulate
+from hetersim.specs import Calibration, ModelSpec, Plan, SystemSpec
+from hetersim.types import Infeasible
+
+DEFAULT_CHUNK = 65536
+COMPRESSION_LEVEL = 1  # zlib: level 1 writes ~2x faster than 4 for files a few % larger
+MAX_CONFIGS = 2**31 - 1  # configurations are indexed by int32 inside the compiled function
+
+# Every plan field a configuration takes from the space, in coordinate order. ``model`` and
+# ``gpu`` are indices into the study's lists; categoricals are hetersim.types codes; ``sp`` is
+# -1 (on when tp > 1), 0 or 1 in the tables and 0 or 1 in the results.
+COLUMNS = (
+    "model",
+    "gpu",
+    "n_gpus",
+    "tp",
+    "pp",
+    "cp",
+    "micro_batch",
+    "global_batch",
+    "dp",
+    "vp",
+    "zero",
+    "recompute",
+    "sp",
+    "precision",
+    "seq_len",
+    "attention",
+    "order",
+)
+CODE_COLUMNS = ("model", "gpu", "recompute", "sp", "precision", "attention", "order")
+FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams")  # shared by all
+LAYOUT_COLUMNS = ("n_gpus", "tp", "pp", "cp", "micro_batch", "global_batch")
+
+COORD_ATTRS = {
+    "model": ("model (catalog key)", "1"),
+    "gpu": ("accelerator (catalog key)", "1"),
+    "n_gpus": ("number of GPUs", "1"),
+    "tp": ("tensor-parallel size", "1"),
+    "pp": ("pipeline-parallel size", "1"),
+    "cp": ("context-parallel size", "1"),
+    "micro_batch": ("micro-batch size", "sequences"),
+    "global_batch": ("global batch size", "sequences"),
+    "dp": ("data-parallel size, n_gpus / (tp*pp*cp)", "1"),
+    "vp": ("virtual pipeline chunks per stage", "1"),
+    "zero": ("ZeRO stage (3 = FSDP)", "1"),
+    "recompute": ("activation recomputation", "1"),
+    "sp": ("sequence parallelism", "1"),
+    "precision": ("training precision", "1"),
+    "seq_len": ("sequence length", "tokens"),
+    "attention": ("attention kernel", "1"),
+    "order": ("rank placement, innermost first", "1"),
+}
+EXTRA_VARIABLES = {
+    "constraint_violation": ("which study constraints the configuration violates (bit flags)", "i4"),
+    "feasible": ("1 when the configuration runs (infeasible == 0) and meets every constraint", "i1"),
+}
+
+
+def variables() -> list[str]:
+    """Data variables of a sweep dataset, in file order."""
+    return [*METRICS, *EXTRA_VARIABLES]
+
+
+# --------------------------------------------------------------------------------------------
+# The space
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Space:
+    """A product of factors plus everything a configuration needs besides its row.
+
+    ``factors``: ``(name, {column: int64 values})`` tables, every column of :data:`COLUMNS` in
+    exactly one; ``models``/``systems``: specs stacked along a leading axis indexed by the
+    ``model``/``gpu`` codes; ``fixed``: plan fields every configuration shares;
+    ``constraints``: ``(key, metric, sense)`` with ``limits`` their bounds.
+    """
+
+    factors: tuple[tuple[str, dict[str, np.ndarray]], ...]
+    model_entries: dict[str, dict[str, Any]]
+    gpu_entries: dict[str, dict[str, Any]]
+    links: dict[str, dict[str, Any]]
+    fixed: dict[str, Any] = field(default_factory=dict)  # plan_spec keywords shared by all
+    constraints: tuple[tuple[str, str, str], ...] = ()
+    limits: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen = [c for _, table in self.factors for c in table]
+        if sorted(seen) != sorted(COLUMNS):
+            raise ValueError(f"space factors must hold each of {', '.join(COLUMNS)} once; got {', '.join(seen)}")
+        for name, table in self.factors:
+            if len({len(v) for v in table.values()}) != 1:
+                raise ValueError(f"space factor {name!r}: columns of different lengths")
+
+    @functools.cached_property
+    def radices(self) -> tuple[int, ...]:
+        return tuple(len(next(iter(t.values()))) for _, t in self.factors)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.radices)
+
+    @functools.cached_property
+    def models(self) -> ModelSpec:
+        return _stack([build.model_spec(e) for e in self.model_entries.values()])
+
+    @functools.cached_property
+    def systems(self) -> SystemSpec:
+        return _stack([build.system_spec(e, self.links) for e in self.gpu_entries.values()])
+
+    @functools.cached_property
+    def base_plan(self) -> Plan:
+        """A plan carrying the fixed fields (its layout fields are placeholders)."""
+        return build.plan_spec(n_gpus=1, global_batch=1, seq_len=1, **self.fixed)
+
+    @property
+    def kinds(self) -> tuple[tuple[str, str], ...]:
+        """The static part of the constraints: ``(metric, sense)`` per bit."""
+        return tuple((metric, sense) for _, metric, sense in self.constraints)
+
+    def tables(self) -> dict[str, Any]:
+        """The arrays :func:`evaluate_chunk` takes (host NumPy; JAX moves them once per call)."""
+        factors = [
+            {c: v.astype(np.int32 if c in CODE_COLUMNS else np.float32) for c, v in t.items()} for _, t in self.factors
+        ]
+        fixed = {k: np.asarray(getattr(self.base_plan, k)) for k in FIXED_FIELDS}
+        return {
+            "factors": factors,
+            "models": jax.tree.map(np.asarray, self.models),
+            "systems": jax.tree.map(np.asarray, self.systems),
+            "fixed": fixed,
+            "limits": np.asarray(self.limits, np.float32).reshape(len(self.limits)),
+        }
+
+    def coords(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Each column's value for configurations ``start..stop-1`` (``sp`` resolved to 0/1)."""
+        idx = np.arange(start, stop, dtype=np.int64)
+        out = {}
+        for (_, table), digit in zip(self.factors, _digits(idx, self.radices), strict=True):
+            for c, v in table.items():
+                out[c] = v[digit]
+        out["sp"] = np.where(out["sp"] < 0, out["tp"] > 1, out["sp"]).astype(np.int64)
+        return {c: out[c].astype(np.int8 if c in CODE_COLUMNS else np.int32) for c in COLUMNS}
+
+    def labels(self, column: str) -> tuple[str, ...]:
+        """Names of a categorical column's codes."""
+        if column == "model":
+            return tuple(self.model_entries)
+        if column == "gpu":
+            return tuple(self.gpu_entries)
+        if column == "sp":
+            return ("off", "on")
+        return CATEGORICAL[column]
+
+    def plan_kwargs(self, index: int) -> tuple[str, str, dict[str, Any]]:
+        """(model key, gpu key, :func:`hetersim.build.plan_spec` keywords) of configuration ``index``."""
+        row = {c: int(v[0]) for c, v in self.coords(index, index + 1).items()}
+        kw: dict[str, Any] = {c: row[c] for c in ("n_gpus", "tp", "pp", "vp", "cp", "dp", "zero", "micro_batch")}
+        kw.update(global_batch=row["global_batch"], seq_len=row["seq_len"], sp=bool(row["sp"]))
+        for c in CATEGORICAL:
+            kw[c] = CATEGORICAL[c][row[c]]
+        kw.update(self.fixed)
+        return self.labels("model")[row["model"]], self.labels("gpu")[row["gpu"]], kw
+
+    def specs(self, index: int) -> tuple[ModelSpec, SystemSpec, Plan]:
+        """The one-configuration specs of ``index``, built by :mod:`hetersim.build` from names."""
+        model, gpu, kw = self.plan_kwargs(index)
+        return (
+            build.model_spec(self.model_entries[model]),
+            build.system_spec(self.gpu_entries[gpu], self.links),
+            build.plan_spec(**kw),
+        )
+
+
+def _stack(specs: Sequence[Any]) -> Any:
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *specs)
+
+
+def _digits(idx, radices: Sequence[int]) -> list[Any]:
+    """Mixed-radix digits of ``idx`` (NumPy or JAX integers), most significant first."""
+    out = []
+    for r in reversed(radices):
+        out.append(idx % r)
+        idx = idx // r
+    return out[::-1]
+
+
+def layout_rows(axes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """The rows of ``n_gpus x tp x pp x cp x micro_batch x global_batch`` that pass the host's
+    integer rules, in lexicographic order, with their ``dp``."""
+    rows = []
+    for n, tp, pp, cp, mb, gb in itertools.product(*(axes[c] for c in LAYOUT_COLUMNS)):
+        dp, rest = divmod(n, tp * pp * cp)
+        if rest == 0 and dp >= 1 and gb % (mb * dp) == 0:
+            rows.append((n, tp, pp, cp, mb, gb, dp))
+    table = np.array(rows, dtype=np.int64).reshape(len(rows), len(LAYOUT_COLUMNS) + 1)
+    return {c: table[:, i] for i, c in enumerate((*LAYOUT_COLUMNS, "dp"))}
+
+
+def space_from_study(study: Study) -> Space:
+    axes = study.axes
+    factors: list[tuple[str, dict[str, np.ndarray]]] = [
+        ("model", {"model": np.arange(len(axes["model"]))}),
+        ("gpu", {"gpu": np.arange(len(axes["gpu"]))}),
+        ("layout", layout_rows(axes)),
+    ]
+    for name in ("vp", "zero", "recompute", "sp", "precision", "seq_len", "attention", "order"):
+        values = axes[name]
+        if name in CATEGORICAL:
+            codes = [CATEGORICAL[name].index(v) for v in values]
+        elif name == "sp":
+            codes = [-1 if v == "auto" else int(v) for v in values]
+        else:
+            codes = list(values)
+        factors.append((name, {name: np.array(codes, dtype=np.int64)}))
+    fixed: dict[str, Any] = {"train_tokens": study.train_tokens, "bucket_Mparams": study.bucket_Mparams}
+    if study.offload:
+        fixed["offload"] = dict(study.offload)
+    if study.cpu_optimizer is not None:
+        fixed["cpu_optimizer"] = study.cpu_optimizer
+    constraints = []
+    for key in study.constraints:
+        metric, sense = constraint_metric(key)  # type: ignore[misc]
+        constraints.append((key, metric, sense))
+    return Space(
+        factors=tuple(factors),
+        model_entries=study.models,
+        gpu_entries=study.gpus,
+        links=study.links,
+        fixed=fixed,
+        constraints=tuple(constraints),
+        limits=tuple(study.constraints.values()),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The compiled chunk
+# --------------------------------------------------------------------------------------------
+
+_TRACES = 0
+
+
+def trace_count() -> int:
+    """How many times :func:`evaluate_chunk` has been traced in this process (tests use it)."""
+    return _TRACES
+
+
+_batched_simulate = jax.vmap(simulate, in_axes=(0, 0, 0, None))
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "kinds"))
+def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
+    """Metrics of configurations ``start .. start+chunk-1`` (indices past the end repeat the
+    last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``."""
+    global _TRACES
+    _TRACES += 1  # runs at trace time only: counts compilations
+    factors = tables["factors"]
+    radices = [next(iter(t.values())).shape[0] for t in factors]
+    idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
+    col = {c: t[c][d] for t, d in zip(factors, _digits(idx, radices), strict=True) for c in t}
+
+    model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
+    system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
+    fixed = {k: jnp.broadcast_to(v, (chunk, *jnp.shape(v))) for k, v in tables["fixed"].items()}
+    sp = jnp.where(col["sp"] < 0, col["tp"] > 1, col["sp"] > 0).astype(jnp.float32)
+    plan = Plan(
+        n_gpus=col["n_gpus"],
+        tp=col["tp"],
+        pp=col["pp"],
+        vp=col["vp"],
+        dp=col["dp"],
+        cp=col["cp"],
+        sp=sp,
+        zero=col["zero"],
+        micro_batch=col["micro_batch"],
+        global_batch=col["global_batch"],
+        seq_len=col["seq_len"],
+        train_tokens=fixed["train_tokens"],
+        recompute_code=col["recompute"],
+        precision_code=col["precision"],
+        attention_code=col["attention"],
+        order_code=col["order"],
+        offload_tier_code=fixed["offload_tier_code"],
+        cpu_optimizer=fixed["cpu_optimizer"],
+        bucket_Mparams=fixed["bucket_Mparams"],
+    )
+    out = _batched_simulate(model, system, plan, cal)
+
+    result = {name: getattr(out, name) for name in METRICS}
+    violation = jnp.zeros(chunk, jnp.int32)
+    for bit, (metric, sense) in enumerate(kinds):
+        value = out.hbm_used_GiB / out.hbm_capacity_GiB if metric in DERIVED else getattr(out, metric)
+        limit = tables["limits"][bit]
+        bad = value > limit if sense == "max" else value < limit
+        violation = violation | jnp.where(bad, jnp.int32(1 << bit), jnp.int32(0))
+    result["constraint_violation"] = violation
+    result["feasible"] = ((out.infeasible == 0) & (violation == 0)).astype(jnp.int8)
+    return result
+
+
+def chunk_task(payload: tuple[Any, ...], index: int) -> tuple[int, dict[str, np.ndarray]]:
+    """Evaluate chunk ``index`` (a Dask task: each worker process compiles once and reuses it).
+
+    ``payload`` is ``(tables, calibration, chunk, kinds, size)`` as built by :func:`run_sweep`.
+    """
+    tables, cal, chunk, kinds, size = payload
+    out = evaluate_chunk(np.int32(index * chunk), tables, cal, chunk=chunk, kinds=kinds)
+    n = min(chunk, size - index * chunk)
+    return index, {k: np.asarray(v)[:n] for k, v in out.items()}
+
+
+def chunk_size(requested: int, size: int) -> int:
+    """The chunk a sweep uses: ``requested``, or the next power of two at or above a smaller
+    space's size (so a small study does not pay for a mostly padded chunk)."""
+    if requested < 1:
+        raise ValueError(f"--chunk must be a positive integer; got {requested}")
+    return min(requested, max(256, 1 << max(size - 1, 1).bit_length()))
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def package_versions() -> dict[str, str]:
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    names = ("hetersim", "jax", "jaxlib", "numpy", "xarray", "netCDF4")
+    return {"python": platform.python_version(), **{n: version(n) for n in names}}
+
+
+def _source_digest() -> str:
+    """Digest of the cost model's source, so checkpoints of other code are never reused."""
+    h = hashlib.sha256()
+    root = Path(build.__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(study_text: str, space: Space, tables: Any, cal: Calibration, chunk: int) -> str:
+    h = hashlib.sha256()
+    h.update(study_text.encode())
+    meta = {"chunk": chunk, "size": space.size, "radices": space.radices, "kinds": space.kinds, "v": package_versions()}
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    for leaf in jax.tree.leaves((tables, cal)):
+        a = np.asarray(leaf)
+        h.update(str(a.dtype).encode() + str(a.shape).encode() + a.tobytes())
+    h.update(_source_digest().encode())
+    return h.hexdigest()
+
+
+class Checkpoints:
+    """``<out>.chunks/``: one ``chunk_NNNNNN.npz`` per finished chunk and a ``manifest.json``
+    naming the fingerprint they belong to. Files are written to a temporary name and renamed."""
+
+    def __init__(self, folder: Path, fp: str, n_chunks: int):
+        self.folder = folder
+        self.n_chunks = n_chunks
+        manifest = folder / "manifest.json"
+        if folder.is_dir():
+            try:
+                old = json.loads(manifest.read_text()).get("fingerprint")
+            except (OSError, ValueError):
+                old = None
+            if old != fp:
+                self.clear()
+        folder.mkdir(parents=True, exist_ok=True)
+        if not manifest.is_file():
+            _atomic_write_bytes(manifest, json.dumps({"fingerprint": fp, "n_chunks": n_chunks}).encode())
+
+    def path(self, index: int) -> Path:
+        return self.folder / f"chunk_{index:06d}.npz"
+
+    def done(self) -> set[int]:
+        return {i for i in range(self.n_chunks) if self.path(i).is_file()}
+
+    def save(self, index: int, arrays: Mapping[str, np.ndarray]) -> None:
+        tmp = self.path(index).with_suffix(".npz.tmp")
+        try:
+            with tmp.open("wb") as handle:
+                np.savez(handle, **arrays)
+            os.replace(tmp, self.path(index))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def load(self, index: int) -> dict[str, np.ndarray]:
+        with np.load(self.path(index)) as data:
+            return {k: data[k] for k in data.files}
+
+    def clear(self) -> None:
+        """Remove the folder and what this module writes in it."""
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.iterdir():
+            if path.name.startswith(("manifest.json", "chunk_")):
+                path.unlink()
+        self.folder.rmdir()
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def output_path(out: str | Path, study_name: str) -> Path:
+    """``out`` itself when it ends in ``.nc``, else ``out/<study name>.nc``."""
+    out = Path(out)
+    return out if out.suffix == ".nc" else out / f"{study_name}.nc"
+
+
+def checkpoint_folder(path: Path) -> Path:
+    return path.with_name(path.name + ".chunks")
+
+
+def run_sweep(
+    study_path: str | Path | None,
+    out_dir: str | Path,
+    chunk: int = DEFAULT_CHUNK,
+    scheduler: str | None = None,
+    workers: int = 0,
+    progress: bool = True,
+    on_chunk: Callable[[int], None] | None = None,
+) -> Path:
+    """Evaluate every configuration of a study and write ``<out_dir>/<name>.nc``; return its path.
+
+    ``study_path`` None is the packaged default study. ``scheduler`` (a Dask scheduler address)
+    or ``workers`` (> 0: a local Dask cluster of that many processes) run the chunks as Dask
+    tasks; otherwise they run here. Finished chunks are kept in ``<name>.nc.chunks/`` until the
+    dataset is written, so a rerun after Ctrl-C or a crash computes only what is missing.
+    ``on_chunk(index)`` is called after each chunk is checkpointed.
+    """
+    if workers < 0:
+        raise ValueError(f"--workers must be >= 0; got {workers}")
+    if scheduler is not None and workers:
+        raise ValueError("give --scheduler ADDRESS or --workers N, not both")
+    study = load_study(study_path)
+    space = space_from_study(study)
+    if space.size == 0:
+        raise ValueError(
+            f"study file {study.origin}: no configuration passes the host rules (n_gpus divisible by tp*pp*cp, "
+            "global_batch a multiple of micro_batch*dp)"
+        )
+    if space.size > MAX_CONFIGS:
+        too_many = f"{space.size:,} configurations; split it (at most {MAX_CONFIGS:,})"
+        raise ValueError(f"study file {study.origin}: {too_many}")
+    chunk = chunk_size(chunk, space.size)
+    cal = build.calibration_spec(load_calibration())
+    tables = space.tables()
+    path = output_path(out_dir, study.name)
+    fp = fingerprint(study.text, space, tables, cal, chunk)
+    n_chunks = -(-space.size // chunk)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpoints(checkpoint_folder(path), fp, n_chunks)
+    done = ckpt.done()
+    todo = [i for i in range(n_chunks) if i not in done]
+    resumed = sum(min(chunk, space.size - i * chunk) for i in done)
+
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    bar = _progress(console, progress)
+    task = bar.add_task(f"sweep {study.name}", total=space.size, completed=resumed, resumed=resumed)
+
+    def finish(index: int, arrays: Mapping[str, np.ndarray]) -> None:
+        n = min(chunk, space.size - index * chunk)
+        ckpt.save(index, {k: np.asarray(v)[:n] for k, v in arrays.items()})
+        bar.advance(task, n)
+        if on_chunk is not None:
+            on_chunk(index)
+
+    payload = (tables, cal, chunk, space.kinds, space.size)
+    try:
+        with bar:
+            if scheduler is not None or workers:
+                _run_dask(payload, todo, scheduler, workers, finish)
+            else:
+                _run_local(payload, todo, finish)
+    except KeyboardInterrupt:
+        n_done = len(ckpt.done())
+        console.print(
+            f"interrupted: {n_done} of {n_chunks} chunks kept in {ckpt.folder}; run the same command again to resume"
+        )
+        raise
+
+    write_dataset(path, study, space, ckpt, chunk, fp, cal)
+    ckpt.clear()
+    return path
+
+
+def _run_local(payload: tuple[Any, ...], todo: Sequence[int], finish: Callable[[int, Any], None]) -> None:
+    """Dispatch chunk ``i+1`` before pulling chunk ``i`` to the host, so the two overlap."""
+    tables, cal, chunk, kinds, _ = payload
+    pending = None
+    for index in todo:
+        out = evaluate_chunk(np.int32(index * chunk), tables, cal, chunk=chunk, kinds=kinds)
+        if pending is not None:
+            finish(*pending)
+        pending = (index, out)
+    if pending is not None:
+        finish(*pending)
+
+
+def _run_dask(
+    payload: tuple[Any, ...],
+    todo: Sequence[int],
+    scheduler: str | None,
+    workers: int,
+    finish: Callable[[int, Any], None],
+) -> None:
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise ValueError("--scheduler/--workers need Dask: pip install 'hetersim[dask]'") from None
+    cluster = None
+    if scheduler is None:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    try:
+        with Client(scheduler or cluster) as client:
+            [shared] = client.scatter([payload], broadcast=True)
+            futures = [client.submit(chunk_task, shared, i, pure=False) for i in todo]
+            try:
+                for future in as_completed(futures):
+                    finish(*future.result())
+            except BaseException:
+                client.cancel(futures)
+                raise
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _progress(console, enabled: bool):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task) -> Text:
+            speed = task.speed
+            if speed is None and task.elapsed:
+                speed = (task.completed - task.fields.get("resumed", 0)) / task.elapsed
+            return Text("" if not speed else f"{speed:,.0f} configs/s")
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        Rate(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The dataset
+# --------------------------------------------------------------------------------------------
+
+
+def write_dataset(
+    path: Path, study: Study, space: Space, ckpt: Checkpoints, chunk: int, fp: str, cal: Calibration
+) -> None:
+    """Stream the checkpoints into a netCDF4 file (zlib) at a temporary name, then rename it.
+
+    One ``config`` dimension; the columns are coordinates along it (categoricals as small int
+    codes with CF ``flag_values``/``flag_meanings``); one variable per metric with ``units`` and
+    ``long_name``. Memory stays one chunk, whatever the size of the space.
+    """
+    import netCDF4
+
+    size = space.size
+    tmp = path.with_name(f".{path.name}.tmp")
+    rows = min(size, 1 << 16)
+    opts = dict(zlib=True, complevel=COMPRESSION_LEVEL, shuffle=True, chunksizes=(rows,))
+    try:
+        with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+            nc.createDimension("config", size)
+            coords = space.coords(0, 0)
+            for c in COLUMNS:
+                var = nc.createVariable(c, coords[c].dtype, ("config",), **opts)
+                long_name, units = COORD_ATTRS[c]
+                var.long_name, var.units = long_name, units
+                if c in CODE_COLUMNS:
+                    labels = space.labels(c)
+                    var.flag_values = np.arange(len(labels), dtype=np.int8)
+                    var.flag_meanings = " ".join(labels)
+            coord_names = " ".join(COLUMNS)
+            for name in variables():
+                if name in METRICS:
+                    m = METRICS[name]
+                    var = nc.createVariable(name, m.dtype, ("config",), **opts)
+                    var.units, var.long_name = m.units, m.long_name
+                    if name == "infeasible":
+                        flags = [f for f in Infeasible if f]
+                        var.flag_masks = np.array([int(f) for f in flags], np.int32)
+                        var.flag_meanings = " ".join(f.name.lower() for f in flags)
+                else:
+                    long_name, dtype = EXTRA_VARIABLES[name]
+                    var = nc.createVariable(name, dtype, ("config",), **opts)
+                    var.units, var.long_name = "1", long_name
+                    if name == "constraint_violation" and space.constraints:
+                        var.flag_masks = np.array([1 << b for b in range(len(space.constraints))], np.int32)
+                        var.flag_meanings = " ".join(key for key, _, _ in space.constraints)
+                    if name == "feasible":
+                        var.flag_values = np.array([0, 1], np.int8)
+                        var.flag_meanings = "no yes"
+                var.coordinates = coord_names
+            for var in nc.variables.values():
+                # HDF5 keeps a chunk cache per variable (64 MiB by default in netCDF-C); writing in
+                # order needs only the chunk being filled.
+                var.set_var_chunk_cache(size=2 * rows * var.dtype.itemsize, nelems=7, preemption=1.0)
+            for index in range(ckpt.n_chunks):
+                lo, hi = index * chunk, min(size, (index + 1) * chunk)
+                for c, values in space.coords(lo, hi).items():
+                    nc[c][lo:hi] = values
+                for name, values in ckpt.load(index).items():
+                    nc[name][lo:hi] = values
+            nc.setncatts(dataset_attrs(study, space, chunk, fp, cal))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def dataset_attrs(study: Study, space: Space, chunk: int, fp: str, cal: Calibration) -> dict[str, Any]:
+    entries = {
+        "models": study.models,
+        "gpus": study.gpus,
+    }
+    attrs: dict[str, Any] = {
+        "title": f"HeterSim sweep: {study.name}",
+        "Conventions": "CF-1.8",
+        "source": "HeterSim analytical cost model (hetersim.simulate)",
+        "study_name": study.name,
+        "study_description": study.description,
+        "study_toml": study.text,
+        "objectives": " ".join(study.objectives),
+        "objective_senses": " ".join(METRICS[o].sense for o in study.objectives),
+        "constraints": json.dumps(study.constraints),
+        "calibration": json.dumps({k: float(v) for k, v in vars(cal).items()}),
+        "catalog_entries": json.dumps(entries, sort_keys=True),
+        "fixed_plan": json.dumps(space.fixed, sort_keys=True),
+        "sp_rule": "sp = on when tp > 1" if "auto" in study.axes["sp"] else "sp as given",
+        "n_configs": space.size,
+        "cross_product_size": study.cross_product_size,
+        "chunk": chunk,
+        "fingerprint": fp,
+    }
+    attrs.update({f"{k}_version": v for k, v in package_versions().items()})
+    return attrs
+
+
+# --------------------------------------------------------------------------------------------
+# Summary
+# --------------------------------------------------------------------------------------------
+
+SUMMARY_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "hbm_used_GiB", "time_to_train_s", "cost_usd")
+
+
+def describe(ds, index: int) -> dict[str, Any]:
+    """Configuration ``index`` of a sweep dataset with categorical codes turned into names."""
+    out: dict[str, Any] = {}
+    for c in COLUMNS:
+        var = ds[c]
+        value = int(var.isel(config=index).values)
+        if "flag_meanings" in var.attrs:
+            value = var.attrs["flag_meanings"].split()[value]
+        out[c] = value
+    return out
+
+
+def summarize(path: str | Path) -> dict[str, Any]:
+    """Size, feasible count, infeasibility reasons and the best feasible configuration per objective."""
+    import xarray as xr
+
+    with xr.open_dataset(path) as ds:
+        feasible = ds["feasible"].values.astype(bool)
+        flags = ds["infeasible"].values
+        reasons = {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
+        best: dict[str, Any] = {}
+        for name in ds.attrs["objectives"].split():
+            values = ds[name].values.astype(np.float64)
+            sense = METRICS[name].sense
+            if not feasible.any():
+                best[name] = None
+                continue
+            masked = np.where(feasible, values if sense == "min" else -values, np.inf)
+            i = int(np.argmin(masked))
+            best[name] = {
+                "value": float(values[i]),
+                "units": METRICS[name].units,
+                "sense": sense,
+                "index": i,
+                "config": describe(ds, i),
+                "metrics": {m: float(ds[m].isel(config=i).values) for m in SUMMARY_METRICS},
+            }
+        return {
+            "study": ds.attrs["study_name"],
+            "path": str(path),
+            "n_configs": int(ds.sizes["config"]),
+            "cross_product_size": int(ds.attrs["cross_product_size"]),
+            "n_feasible": int(feasible.sum()),
+            "infeasible_reasons": {k: v for k, v in reasons.items() if v},
+            "best": best,
+        }

@@ -1,0 +1,107 @@
+"""``hetersim sweep`` and ``hetersim bench`` as plain functions (registered in :mod:`dse.cli`).
+
+Bad input raises ``ValueError`` (the CLI prints it on one line and exits 2); Ctrl-C during a
+sweep keeps the finished chunks and exits 130.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from dse import format as fmt
+
+INTERRUPTED_EXIT = 130
+
+
+def sweep_command(
+    study: Path | None,
+    out: Path,
+    chunk: int,
+    scheduler: str | None,
+    workers: int,
+    json_out: bool,
+) -> dict[str, Any]:
+    """Run a study (default: the packaged one) into ``out`` (a folder, or a ``.nc`` path) and
+    print its size, feasible count, wall time and the best configuration per objective."""
+    from dse.sweep import run_sweep, summarize
+
+    t0 = time.perf_counter()
+    try:
+        path = run_sweep(study, out, chunk=chunk, scheduler=scheduler, workers=workers, progress=not json_out)
+    except KeyboardInterrupt:
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    summary = summarize(path)
+    summary["wall_s"] = time.perf_counter() - t0
+    if json_out:
+        print(fmt.dumps(summary))
+    else:
+        print_sweep_summary(fmt.console(), summary)
+    return summary
+
+
+def _layout(config: Mapping[str, Any]) -> str:
+    keys = ("tp", "pp", "vp", "cp", "dp", "micro_batch", "zero", "recompute", "sp", "precision")
+    short = {"micro_batch": "mb"}
+    return " ".join(f"{short.get(k, k)}={config[k]}" for k in keys)
+
+
+def _value(value: float, units: str) -> str:
+    text = f"{value:.4g} {units}"
+    return f"{text} ({value / 86400:.1f} days)" if units == "s" and value >= 86400 else text
+
+
+def print_sweep_summary(con, s: Mapping[str, Any]) -> None:
+    n = s["n_configs"]
+    con.print(
+        f"[bold]{s['study']}[/bold]: {n:,} configurations ({s['cross_product_size']:,} before the host's "
+        f"divisibility rules), {s['n_feasible']:,} feasible, {s['wall_s']:.1f} s -> {s['path']}"
+    )
+    if s["infeasible_reasons"]:
+        reasons = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s["infeasible_reasons"].items())
+        con.print(f"infeasible (a configuration may have several reasons): {reasons}")
+    table = Table(title="Best feasible configuration per objective")
+    for column in ("objective", "value", "model / gpu", "layout", "step s", "MFU", "HBM GiB"):
+        table.add_column(column)
+    for name, best in s["best"].items():
+        if best is None:
+            table.add_row(name, "no feasible configuration", "", "", "", "", "")
+            continue
+        c, m = best["config"], best["metrics"]
+        table.add_row(
+            f"{best['sense']} {name}",
+            _value(best["value"], best["units"]),
+            f"{c['model']} / {c['n_gpus']}x {c['gpu']}",
+            _layout(c),
+            f"{m['step_time_s']:.3f}",
+            f"{m['mfu']:.1%}",
+            f"{m['hbm_used_GiB']:.1f}",
+        )
+    con.print(table)
+
+
+def bench_command(configs: int, chunk: int, json_path: Path | None) -> dict[str, Any]:
+    """Measure the sweep engine (configurations per second, compile time, peak memory)."""
+    from dse.bench import run_bench
+
+    result = run_bench(configs, chunk)
+    con = fmt.console()
+    table = Table(title="hetersim bench")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("device", result["device"])
+    table.add_row("configurations", f"{result['n_configs']:,}")
+    table.add_row("chunk", f"{result['chunk']:,}")
+    table.add_row("compile s", f"{result['compile_s']:.2f}")
+    table.add_row("configs/s (vmapped chunks)", f"{result['configs_per_s']:,.0f}")
+    table.add_row("configs/s (jit, one at a time)", f"{result['one_at_a_time_configs_per_s']:,.0f}")
+    table.add_row("peak RSS MiB", f"{result['peak_rss_MiB']:,.0f}")
+    con.print(table)
+    if json_path is not None:
+        fmt.write_json_atomic(json_path, result)
+        con.print(f"wrote {json_path}")
+    return result

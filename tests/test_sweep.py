@@ -1,0 +1,399 @@
+"""The sweep engine: values equal one-configuration ``simulate``, one compile for all chunks,
+resume after an interruption, Dask equals local, study validation, and the netCDF file.
+
+Every sweep here has the same shape (factor lengths and chunk), so the chunk function compiles
+once for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import xarray as xr
+
+from dse import sweep
+from dse.bench import run_bench
+from dse.metrics import METRICS, STEP_TERM_LABELS
+from dse.study import DEFAULT_STUDY, load_study, parse_study
+from dse.sweep_cli import sweep_command
+from hetersim import build
+from hetersim.calibration import load_calibration
+from hetersim.catalog import load_catalog
+from hetersim.simulate import STEP_TERMS, Breakdown, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 64
+
+TINY = """\
+name = "tiny"
+objectives = ["time_to_train_s", "cost_usd", "mfu"]
+
+[model]
+key = "{model}"
+
+[hardware]
+gpu = ["h100-sxm-80gb", "a100-sxm-80gb"]
+n_gpus = [8, 12]
+
+[plan]
+tp = [1, 2, 4]
+pp = [1, 2]
+vp = [1, 2]
+micro_batch = [1, 2]
+zero = [0, 3]
+recompute = ["none", "full"]
+global_batch = 48
+seq_len = 2048
+train_tokens = {tokens}
+
+[constraints]
+max_hbm_frac = 0.9
+"""
+
+
+def write_study(tmp_path: Path, model: str = "llama2-7b", tokens: float = 1.0e11, name: str = "tiny.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(TINY.format(model=model, tokens=tokens))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, xr.Dataset]:
+    """The tiny study swept once: (study path, dataset loaded into memory)."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    study = write_study(tmp)
+    path = sweep.run_sweep(study, tmp / "out", chunk=CHUNK, progress=False)
+    with xr.open_dataset(path) as ds:
+        return study, ds.load()
+
+
+def assert_same(a: xr.Dataset, b: xr.Dataset) -> None:
+    xr.testing.assert_identical(a, b)
+    assert a.attrs.keys() == b.attrs.keys()
+    for key in a.attrs:
+        assert np.array_equal(a.attrs[key], b.attrs[key]), key
+
+
+# --------------------------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------------------------
+
+
+def test_space_filters_only_by_integer_rules(tiny):
+    study_path, ds = tiny
+    study = load_study(study_path)
+    assert ds.sizes["config"] == sweep.space_from_study(study).size
+    # Every kept row has an integer dp and a global batch divisible by micro_batch * dp ...
+    n, tp, pp, cp, dp = (ds[c].values for c in ("n_gpus", "tp", "pp", "cp", "dp"))
+    assert np.all(n == tp * pp * cp * dp)
+    assert np.all(ds.global_batch.values % (ds.micro_batch.values * dp) == 0)
+    # ... and every dropped one breaks a rule: the kept count is exactly the passing count.
+    passing = 0
+    for n_ in study.axes["n_gpus"]:
+        for tp_ in study.axes["tp"]:
+            for pp_ in study.axes["pp"]:
+                for mb in study.axes["micro_batch"]:
+                    dp_, rest = divmod(n_, tp_ * pp_)
+                    passing += rest == 0 and 48 % (mb * dp_) == 0
+    assert ds.sizes["config"] == passing * 2 * 2 * 2 * 2  # gpus, vp, zero, recompute
+    assert ds.sizes["config"] < study.cross_product_size
+    # Everything else is kept with its feasibility code, including infeasible rows.
+    assert 0 < int(ds.feasible.sum()) < ds.sizes["config"]
+    assert int((ds.infeasible != 0).sum()) > 0
+
+
+def test_sweep_equals_single_configuration_simulate(tiny):
+    study_path, ds = tiny
+    catalog = load_catalog()
+    cal = build.calibration_spec(load_calibration())
+    single = jax.jit(simulate)
+    names = {c: ds[c].attrs["flag_meanings"].split() for c in sweep.CODE_COLUMNS}
+    rows = np.random.default_rng(0).choice(ds.sizes["config"], 12, replace=False)
+    rows = np.concatenate([rows, [0, ds.sizes["config"] - 1]])
+    for i in rows:
+        row = {c: int(ds[c].values[i]) for c in sweep.COLUMNS}
+        plan = build.plan_spec(
+            n_gpus=row["n_gpus"],
+            tp=row["tp"],
+            pp=row["pp"],
+            vp=row["vp"],
+            cp=row["cp"],
+            sp=row["tp"] > 1,  # the study's sp = "auto"
+            zero=row["zero"],
+            micro_batch=row["micro_batch"],
+            global_batch=row["global_batch"],
+            seq_len=row["seq_len"],
+            train_tokens=1.0e11,
+            recompute=names["recompute"][row["recompute"]],
+            precision=names["precision"][row["precision"]],
+            attention=names["attention"][row["attention"]],
+            order=names["order"][row["order"]],
+        )
+        gpu = catalog.gpu(names["gpu"][row["gpu"]])
+        model = build.model_spec(catalog.model(names["model"][row["model"]]))
+        out = single(model, build.system_spec(gpu, catalog.links), plan, cal)
+        for name in METRICS:
+            np.testing.assert_allclose(ds[name].values[i], np.asarray(getattr(out, name)), rtol=2e-6, err_msg=name)
+        frac = float(out.hbm_used_GiB / out.hbm_capacity_GiB)
+        assert int(ds.constraint_violation.values[i]) == int(frac > 0.9)
+        assert int(ds.feasible.values[i]) == int(int(out.infeasible) == 0 and frac <= 0.9)
+
+
+def test_no_recompile_across_chunks_or_values(tmp_path, tiny):
+    before = sweep.trace_count()
+    out = sweep.run_sweep(write_study(tmp_path), tmp_path / "a", chunk=CHUNK, progress=False)
+    with xr.open_dataset(out) as ds:
+        assert ds.sizes["config"] > 3 * CHUNK  # several chunks, padded last one
+    # Other numbers in the same shape (model, token budget) reuse the compiled function too.
+    other = write_study(tmp_path, model="llama2-13b", tokens=3.0e11, name="other.toml")
+    sweep.run_sweep(other, tmp_path / "b", chunk=CHUNK, progress=False)
+    assert sweep.trace_count() == before
+
+
+def test_trace_counter_counts_a_new_shape(tmp_path, tiny):
+    before = sweep.trace_count()
+    sweep.run_sweep(write_study(tmp_path), tmp_path / "c", chunk=CHUNK // 2, progress=False)
+    assert sweep.trace_count() == before + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Resume, Dask
+# --------------------------------------------------------------------------------------------
+
+
+def test_interrupted_sweep_resumes_to_the_same_dataset(tmp_path, tiny):
+    study, full = tiny
+    out = tmp_path / "out"
+
+    def stop_after_two(index: int) -> None:
+        if index == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=stop_after_two)
+    folder = out / "tiny.nc.chunks"
+    assert not (out / "tiny.nc").exists()
+    assert sorted(p.name for p in folder.glob("chunk_*.npz")) == ["chunk_000000.npz", "chunk_000001.npz"]
+
+    computed: list[int] = []
+    path = sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=computed.append)
+    n_chunks = -(-full.sizes["config"] // CHUNK)
+    assert sorted(computed) == list(range(2, n_chunks))  # nothing finished is computed again
+    assert not folder.exists()
+    with xr.open_dataset(path) as resumed:
+        assert_same(resumed.load(), full)
+
+
+def test_checkpoints_of_another_study_are_discarded(tmp_path, tiny):
+    study, full = tiny
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        other = write_study(tmp_path, tokens=5.0e11, name="tiny.toml")
+        sweep.run_sweep(other, out, chunk=CHUNK, progress=False, on_chunk=_interrupt)
+    computed: list[int] = []
+    path = sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=computed.append)
+    assert 0 in computed
+    with xr.open_dataset(path) as ds:
+        assert_same(ds.load(), full)
+
+
+def _interrupt(index: int) -> None:
+    raise KeyboardInterrupt
+
+
+def test_dask_cluster_equals_local(tmp_path, tiny):
+    distributed = pytest.importorskip("dask.distributed")
+    study, full = tiny
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        path = sweep.run_sweep(study, tmp_path, chunk=CHUNK, scheduler=cluster.scheduler_address, progress=False)
+        assert "chunk_task" in cluster.scheduler.task_prefixes  # the chunks ran as Dask tasks
+    with xr.open_dataset(path) as ds:
+        assert_same(ds.load(), full)
+
+
+# --------------------------------------------------------------------------------------------
+# The file
+# --------------------------------------------------------------------------------------------
+
+
+def test_netcdf_round_trip_keeps_values_and_attrs(tiny):
+    study_path, ds = tiny
+    study = load_study(study_path)
+    space = sweep.space_from_study(study)
+    cal = build.calibration_spec(load_calibration())
+    payload = (space.tables(), cal, CHUNK, space.kinds, space.size)
+    for index in range(-(-space.size // CHUNK)):
+        lo = index * CHUNK
+        _, arrays = sweep.chunk_task(payload, index)
+        for name, values in arrays.items():
+            np.testing.assert_array_equal(ds[name].values[lo : lo + len(values)], values, err_msg=name)
+            assert ds[name].dtype == values.dtype
+    for c, values in space.coords(0, space.size).items():
+        np.testing.assert_array_equal(ds[c].values, values, err_msg=c)
+
+    assert set(ds.coords) == set(sweep.COLUMNS)
+    assert list(ds.data_vars) == sweep.variables()
+    for name in (*ds.data_vars, *ds.coords):
+        assert ds[name].attrs["units"] and ds[name].attrs["long_name"], name
+    assert ds.recompute.attrs["flag_meanings"] == "none selective full"
+    assert list(ds.recompute.attrs["flag_values"]) == [0, 1, 2]
+    assert ds.gpu.attrs["flag_meanings"] == "h100-sxm-80gb a100-sxm-80gb"
+    assert ds.constraint_violation.attrs["flag_meanings"] == "max_hbm_frac"
+    assert "hbm_capacity" in ds.infeasible.attrs["flag_meanings"].split()
+    assert ds.attrs["study_toml"] == study_path.read_text()
+    assert ds.attrs["objectives"] == "time_to_train_s cost_usd mfu"
+    assert ds.attrs["objective_senses"] == "min min max"
+    assert json.loads(ds.attrs["constraints"]) == {"max_hbm_frac": 0.9}
+    for package in ("hetersim", "jax", "numpy", "xarray", "netCDF4"):
+        assert ds.attrs[f"{package}_version"]
+    assert ds.step_time_s.encoding["zlib"]
+
+
+def test_summary_and_sweep_command_json(tmp_path, tiny, capsys):
+    study, ds = tiny
+    summary = sweep_command(study, tmp_path / "tiny.nc", CHUNK, None, 0, json_out=True)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["n_configs"] == summary["n_configs"] == ds.sizes["config"]
+    assert printed["n_feasible"] == int(ds.feasible.sum())
+    best = printed["best"]["time_to_train_s"]
+    feasible = ds.time_to_train_s.values[ds.feasible.values == 1]
+    assert best["value"] == pytest.approx(float(feasible.min()))
+    assert printed["best"]["mfu"]["value"] == pytest.approx(float(ds.mfu.values[ds.feasible.values == 1].max()))
+    assert best["config"]["gpu"] in ("h100-sxm-80gb", "a100-sxm-80gb")
+    assert (tmp_path / "tiny.nc").is_file()
+
+
+# --------------------------------------------------------------------------------------------
+# Study files
+# --------------------------------------------------------------------------------------------
+
+BAD_STUDIES = [
+    ("unknown plan key", "tp = [1, 2, 4]", "tp = [1, 2, 4]\nfoo = 3", "plan.foo"),
+    ("unknown top-level key", 'name = "tiny"', 'name = "tiny"\nsurprise = 1', "surprise"),
+    ("empty axis", "tp = [1, 2, 4]", "tp = []", "plan.tp"),
+    ("wrong type", "pp = [1, 2]", 'pp = "two"', "plan.pp"),
+    ("float for an integer", "global_batch = 48", "global_batch = 48.0", "plan.global_batch"),
+    ("zero out of range", "zero = [0, 3]", "zero = [0, 4]", "plan.zero"),
+    ("unknown option", 'recompute = ["none", "full"]', 'recompute = ["none", "partial"]', "plan.recompute"),
+    ("unknown gpu", '"a100-sxm-80gb"]', '"a100-sxm-80gb", "tpu9"]', "hardware.gpu"),
+    ("unknown model", 'key = "llama2-7b"', 'key = "llama9"', "model.key"),
+    ("gpu override", "n_gpus = [8, 12]", "n_gpus = [8, 12]\n[hardware.set]\nhbm_bw_GBps = -1", "hardware.set"),
+    ("impossible tp", "tp = [1, 2, 4]", "tp = [1, 2, 5]", "plan.tp"),
+    ("auto not allowed", "seq_len = 2048", 'seq_len = "auto"', "plan.seq_len"),
+    ("duplicate", "vp = [1, 2]", "vp = [1, 2, 2]", "plan.vp"),
+    ("constraint", "max_hbm_frac = 0.9", "max_hbm_frac = 1.5", "constraints.max_hbm_frac"),
+    ("unknown constraint", "max_hbm_frac = 0.9", "max_speed = 3", "constraints.max_speed"),
+    ("objective", '"mfu"]', '"goodness"]', "objectives"),
+    ("bad toml", "[plan]", "[plan", "invalid TOML"),
+]
+
+
+@pytest.mark.parametrize(("what", "old", "new", "key"), BAD_STUDIES, ids=[b[0] for b in BAD_STUDIES])
+def test_malformed_study_is_rejected_naming_the_key(tmp_path, what, old, new, key):
+    good = TINY.format(model="llama2-7b", tokens=1e11)
+    text = good.replace(old, new, 1)
+    assert text != good, what
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError) as error:
+        sweep.run_sweep(path, out, chunk=CHUNK, progress=False)
+    message = str(error.value)
+    assert "\n" not in message
+    assert str(path) in message and key in message, message
+    assert not out.exists()
+
+
+def test_missing_study_file(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        load_study(tmp_path / "nope.toml")
+
+
+def test_auto_axes_follow_the_documented_rules():
+    text = """
+name = "auto"
+[model]
+key = "llama2-70b"
+[hardware]
+gpu = "h100-sxm-80gb"
+n_gpus = 512
+[plan]
+tp = "auto"
+pp = "auto"
+vp = "auto"
+cp = "auto"
+micro_batch = "auto"
+zero = "auto"
+recompute = "auto"
+precision = "auto"
+global_batch = 1024
+seq_len = 4096
+"""
+    axes = parse_study(text).axes
+    assert axes["tp"] == (1, 2, 4, 8)  # 64 heads, 8 KV heads, 8-GPU NVLink domain
+    assert axes["pp"] == (1, 2, 4, 8, 16, 32, 64)
+    assert axes["vp"] == (1, 2, 4, 5, 8)  # divisors of 80 layers up to 8
+    assert axes["cp"] == (1, 2, 4, 8, 16)
+    assert axes["micro_batch"] == (1, 2, 4, 8)
+    assert axes["zero"] == (0, 1, 2, 3)
+    assert axes["recompute"] == ("none", "selective", "full")
+    assert axes["precision"] == ("bf16", "fp8")
+    assert axes["sp"] == ("auto",)
+
+
+def test_default_study_is_packaged_and_copied():
+    assert (ROOT / "studies" / "default.toml").read_text() == DEFAULT_STUDY.read_text()
+    assert DEFAULT_STUDY.is_relative_to(ROOT / "dse")
+    study = load_study(None)
+    assert study.axes["gpu"] == ("h100-sxm-80gb", "h200-sxm-141gb")
+    assert study.cross_product_size == 4 * 5 * 4 * 3 * 3 * 3 * 2
+    assert 0 < sweep.space_from_study(study).size <= study.cross_product_size
+
+
+def test_every_study_file_loads():
+    for path in sorted((ROOT / "studies").glob("*.toml")):
+        assert sweep.space_from_study(load_study(path)).size > 0, path
+
+
+def test_readme_example_is_a_valid_study():
+    text = (ROOT / "studies" / "README.md").read_text()
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    example = "\n".join(line for line in example.splitlines() if not line.startswith("catalog ="))
+    study = parse_study(example, origin="README")
+    assert study.axes["model"] == ("llama3-70b", "llama3-405b")
+    assert study.gpus["h100-sxm-80gb"]["price_usd_per_hour"] == 4.0
+    assert study.offload == {"optimizer": "host-dram"}
+    assert sweep.space_from_study(study).size > 0
+
+
+def test_metric_table_matches_the_cost_model():
+    assert tuple(STEP_TERM_LABELS) == STEP_TERMS
+    fields = set(Breakdown.__dataclass_fields__)
+    assert set(METRICS) <= fields
+    assert all(m.sense in ("min", "max") for m in METRICS.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Bench
+# --------------------------------------------------------------------------------------------
+
+
+def test_run_bench_reports_its_figures():
+    result = run_bench(n_configs=3000, chunk=1024, one_at_a_time=5)
+    assert set(result) >= {
+        "n_configs",
+        "compile_s",
+        "configs_per_s",
+        "peak_rss_MiB",
+        "device",
+        "one_at_a_time_configs_per_s",
+    }
+    assert result["n_configs"] == 3000
+    assert result["configs_per_s"] > 0 and result["one_at_a_time_configs_per_s"] > 0
+    assert result["peak_rss_MiB"] > 0
