@@ -316,11 +316,21 @@ def calibrate_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Fit and report, write nothing."),
     catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the fitted values and MAPE as JSON."),
+    cross_validate: bool = typer.Option(
+        False, "--cross-validate", help="Leave one source out at a time: fit on the rest, report the held-out error."
+    ),
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
     from hetersim import calibration
 
     _positive("--steps", steps)
+    if cross_validate:
+        cv = calibration.cross_validate(runs, load_catalog(catalog_files), steps=steps)
+        if as_json:
+            typer.echo(fmt.dumps(cv))
+        else:
+            fmt.print_summary(fmt.console(), "Leave-one-source-out cross-validation", cv)
+        return
     start = calibration.load_calibration()
     result = calibration.calibrate(runs, load_catalog(catalog_files), steps=steps, start=start)
     path = out or calibration.calibration_path()

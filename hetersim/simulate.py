@@ -143,8 +143,15 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
     tp_bytes = T * model.hidden * act
     tp_pass = 2.0 * comm.all_reduce_s(net, plan.tp, s_tp, tp_bytes, 1.0)
     tp_pass = jnp.where(plan.tp > 1, tp_pass, 0.0)
+    # Forward: the collectives sit between dependent GEMMs; a fraction ``tp_overlap`` is hidden
+    # where the stack splits GEMMs to overlap them (Transformer Engine's userbuffers).
+    # Backward: Megatron overlaps the input all-gather and the gradient reduce-scatter
+    # (all-reduce without SP) with the weight-gradient GEMMs, which do not depend on them
+    # (Korthikanti et al. 2022 §4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication).
     tp_f = (1.0 - cal.tp_overlap) * tp_pass
-    tp_b = (1.0 - cal.tp_overlap) * tp_pass
+    tp_b = pos(tp_pass - 0.5 * gemm_b)
+    tp_f = jnp.where(plan.tp > 1, tp_f, 0.0)
+    tp_b = jnp.where(plan.tp > 1, tp_b, 0.0)
 
     # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
     # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.

@@ -124,3 +124,5 @@ class Calibration:
     tp_overlap: Any  # fraction of tensor-parallel communication hidden behind GEMMs
     dp_overlap: Any  # fraction of the backward/forward window usable to hide DP/FSDP traffic
     pp_overlap: Any  # fraction of pipeline point-to-point traffic hidden
+    gemm_shape_eff: Any  # training-shaped GEMMs' rate / the best-case (MAMF) rate
+    fp8_scaling_eff: Any  # FP8 GEMMs with per-tensor scaling: further fraction of the FP8 rate

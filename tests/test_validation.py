@@ -33,18 +33,22 @@ def test_step_time_error_is_bounded(report):
         f"\nMAPE all {report['mape_step_time_pct']:.1f}%  complete rows {report['mape_step_time_pct_complete']:.1f}%"
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
-    assert report["mape_step_time_pct"] <= 19.5
-    assert report["mape_step_time_pct_complete"] <= 13.5
+    assert report["mape_step_time_pct"] <= 14.5
+    assert report["mape_step_time_pct_complete"] <= 3.0
     assert report["n_infeasible"] <= 2
+    # Every source other than torchtitan (a 2024 eager/FSDP2 stack, see README) stays below 35%
+    # on every row but Narayanan's 2240-GPU ZeRO-3 run.
+    others = [r for r in report["rows"] if "torchtitan" not in r["source"] and not r["id"].startswith("r015")]
+    assert max(abs(r["error_pct"]) for r in others) <= 35.0
 
 
 @pytest.mark.parametrize(
     "label, bound",
     [
-        ("Korthikanti 2022", 12.0),
-        ("Narayanan SC'21", 16.5),
-        ("NVIDIA/Megatron-LM", 10.5),
-        ("NVIDIA/NeMo", 11.5),
+        ("Korthikanti 2022", 6.5),
+        ("Narayanan SC'21", 8.0),
+        ("NVIDIA/Megatron-LM", 12.5),
+        ("NVIDIA/NeMo", 7.0),
     ],
 )
 def test_per_source_error_is_bounded(report, label, bound):
@@ -117,4 +121,15 @@ def test_memory_against_published_figures(catalog, cal):
         assert r["predicted_GiB"] == pytest.approx(r["measured_GiB"], rel=0.01)
     states = [r for r in rep["rows"] if r["component"].startswith("params+grads+optimizer")]
     assert states and all(abs(r["error_pct"]) <= 10.0 for r in states)
-    assert rep["mape_pct"] <= 17.0
+    assert rep["mape_pct"] <= 17.5
+
+
+@pytest.mark.slow
+def test_leave_one_source_out_error_is_bounded(catalog):
+    """Fit without each source in turn and predict it: how the model does on unseen runs."""
+    from hetersim.calibration import cross_validate
+
+    cv = cross_validate(catalog=catalog, steps=200)
+    print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
+    assert cv["mape_step_time_pct"] <= 17.5
+    assert cv["per_source"]["Korthikanti 2022"]["mape_pct"] <= 8.0

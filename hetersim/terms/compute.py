@@ -27,20 +27,25 @@ def act_bytes(plan: Plan):
     return jnp.where(plan.precision_code == FP32, 4.0, 2.0)
 
 
-def gemm_rate(dev: DeviceSpec, plan: Plan):
-    """FLOP/s a large GEMM reaches in the plan's precision (peak x measured efficiency)."""
+def gemm_rate(dev: DeviceSpec, cal: Calibration, plan: Plan):
+    """FLOP/s a training GEMM reaches in the plan's precision: dense peak x the device's measured
+    best-case matmul efficiency x the calibrated share of it that training shapes reach (and,
+    in FP8, the share left after per-tensor scaling)."""
     idx = plan.precision_code
-    return dev.peak_tflops[idx] * dev.gemm_eff[idx] * TFLOP
+    fp8 = jnp.where(idx == FP8, cal.fp8_scaling_eff, 1.0)
+    return dev.peak_tflops[idx] * dev.gemm_eff[idx] * cal.gemm_shape_eff * fp8 * TFLOP
 
 
-def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0):
-    """Seconds of ``count`` GEMMs (M x K) @ (K x N)."""
+def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None):
+    """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
+    per GEMM; a batched GEMM is one launch)."""
     flops = 2.0 * M * N * K
     in_bytes = jnp.where(plan.precision_code == FP8, 1.0, act_bytes(plan))
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
-    t_flops = safe_div(flops, gemm_rate(dev, plan), 1e9)
+    t_flops = safe_div(flops, gemm_rate(dev, cal, plan), 1e9)
     t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
-    return count * (jnp.maximum(t_flops, t_mem) + cal.kernel_overhead_us * US)
+    kernels = count if kernels is None else kernels
+    return count * jnp.maximum(t_flops, t_mem) + kernels * cal.kernel_overhead_us * US
 
 
 def stream_s(dev: DeviceSpec, cal: Calibration, nbytes, kernels):
@@ -107,7 +112,8 @@ def _materialized_s(dev, cal, m, plan, passes):
     sq = s / plan.cp
     d = m.hidden / a
     heads = a / plan.tp
-    gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads) + gemm_s(dev, cal, plan, sq, d, s, count=b * heads)
+    gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads, kernels=1.0)
+    gem = gem + gemm_s(dev, cal, plan, sq, d, s, count=b * heads, kernels=1.0)
     elems = b * heads * sq * s
     ew = stream_s(dev, cal, elems * (4.0 + 5.0 * m.dropout), 2.0)
     return passes * (gem + ew)
@@ -116,17 +122,18 @@ def _materialized_s(dev, cal, m, plan, passes):
 def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     """HBM bytes moved by one layer's element-wise kernels in the forward, per rank.
 
-    Per token: two norms (read+write h: 4h bytes each), two residual adds (read 2h, write h: 6h
-    bytes each) — replicated over tensor-parallel ranks unless sequence parallelism shards them;
-    rotary embedding on q and k (read+write); the activation function (SwiGLU reads 2f, writes f;
-    GeLU reads and writes f); dropout masks after attention and MLP (GPT); FP8 casts of the
-    four GEMM inputs (read 2 bytes, write 1).
+    Per token: two norms (read+write h: 4h bytes each), two fused bias-dropout-residual adds
+    (read 2h, write h: 6h bytes each, plus a 1-byte dropout mask per element in models trained
+    with dropout) — replicated over tensor-parallel ranks unless sequence parallelism shards
+    them; rotary embedding on q and k (read+write); the activation function (SwiGLU reads 2f,
+    writes f; GeLU reads and writes f); FP8 casts of the four GEMM inputs (read 2 bytes, write
+    1).
     """
     e = act_bytes(plan) / 2.0  # 1 for 16-bit, 2 for fp32
     T = plan.micro_batch * plan.seq_len / plan.cp
     h, f, t = m.hidden, m.ffn_hidden, plan.tp
     sp_div = jnp.where(plan.sp > 0, t, 1.0)
-    hidden_ops = (2.0 * 4.0 * h + 2.0 * 6.0 * h + m.dropout * 2.0 * 5.0 * h) / sp_div
+    hidden_ops = (2.0 * 4.0 * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
     rope = m.rope * 2.0 * 2.0 * h * (1.0 + kv_ratio(m)) / t
     act_fn = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) / t
     fp8 = jnp.where(plan.precision_code == FP8, 3.0 * (3.0 * h + f) / t, 0.0)
@@ -140,17 +147,24 @@ def activation_fn_s(dev, cal, m, plan):
     return stream_s(dev, cal, nbytes, 1.0)
 
 
-ELEMENTWISE_KERNELS_FWD = 8.0  # 2 norms, 2 residual adds, rope, activation, 2 casts/dropouts
+ELEMENTWISE_KERNELS_FWD = 6.0  # 2 norms, 2 residual adds, rope, activation function
+
+
+def elementwise_kernels_fwd(plan: Plan):
+    """Element-wise kernels per layer in the forward; FP8 adds a cast (with transpose and amax)
+    before each of the four GEMMs."""
+    return ELEMENTWISE_KERNELS_FWD + jnp.where(plan.precision_code == FP8, 4.0, 0.0)
 
 
 def layer_elementwise_fwd_s(dev, cal, m, plan):
-    return stream_s(dev, cal, layer_elementwise_bytes(m, plan), ELEMENTWISE_KERNELS_FWD)
+    return stream_s(dev, cal, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(plan))
 
 
 def layer_elementwise_bwd_s(dev, cal, m, plan):
     """The backward of element-wise kernels reads the saved input and the incoming gradient and
-    writes the outgoing gradient: about twice the forward's bytes."""
-    return stream_s(dev, cal, 2.0 * layer_elementwise_bytes(m, plan), 2.0 * ELEMENTWISE_KERNELS_FWD)
+    writes the outgoing gradient: about twice the forward's bytes (and FP8 casts the incoming
+    gradient of each GEMM)."""
+    return stream_s(dev, cal, 2.0 * layer_elementwise_bytes(m, plan), 2.0 * elementwise_kernels_fwd(plan))
 
 
 def head_s(dev, cal, m, plan):
