@@ -19,7 +19,7 @@ import typer
 
 from dse import format as fmt
 from hetersim.catalog import SECTIONS, apply_overrides, load_catalog, model_from_dims, model_from_hf_config
-from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER
+from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER, Infeasible
 
 app = typer.Typer(
     name="hetersim",
@@ -144,42 +144,82 @@ def _choices(options: tuple[str, ...]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@app.command()
-@user_errors
-def evaluate(
-    model: str | None = typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json."),
-    gpu: str = typer.Option(..., "--gpu", help="Catalog GPU key (see `hetersim catalog gpus`)."),
-    gpus: int = typer.Option(..., "--gpus", help="Number of GPUs."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
-    vp: int = typer.Option(1, "--vp", help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1)."),
-    cp: int = typer.Option(1, "--cp", help="Context-parallel size."),
-    dp: int | None = typer.Option(None, "--dp", help="Data-parallel size (default: gpus/(tp*pp*cp))."),
-    sp: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (3 = FSDP)."),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size (sequences)."),
-    global_batch: int = typer.Option(..., "--global-batch", help="Global batch size (sequences)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
-    recompute: str = typer.Option("none", "--recompute", help=_choices(RECOMPUTE)),
-    precision: str = typer.Option("bf16", "--precision", help=_choices(PRECISION)),
-    attention: str = typer.Option("flash", "--attention", help=_choices(ATTENTION)),
-    order: str = typer.Option(ORDER[0], "--order", help=f"Rank placement, innermost first: {_choices(ORDER)}."),
-    offload: list[str] = typer.Option(
-        [], "--offload", help=f"STATE:TIER, repeatable; states {_choices(OFFLOAD_STATE)}, tiers {_choices(TIER[1:])}."
-    ),
-    train_tokens: float = typer.Option(2.0e12, "--train-tokens", help="Token budget for time/cost/energy."),
-    catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
-    overrides: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of the GPU entry, repeatable."),
-    layers: int | None = typer.Option(None, "--layers", help="Model by dimensions: layers."),
-    hidden: int | None = typer.Option(None, "--hidden", help="Model by dimensions: hidden size."),
-    heads: int | None = typer.Option(None, "--heads", help="Model by dimensions: attention heads."),
-    kv_heads: int | None = typer.Option(None, "--kv-heads", help="Model by dimensions: KV heads (default: heads)."),
-    ffn_hidden: int | None = typer.Option(None, "--ffn-hidden", help="Model by dimensions: FFN width."),
-    vocab: int | None = typer.Option(None, "--vocab", help="Model by dimensions: vocabulary (default: 32000)."),
-    mlp: str | None = typer.Option(None, "--mlp", help="Model by dimensions: gated|plain (default: gated)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-) -> None:
-    """Evaluate one configuration: step time and its breakdown, throughput, memory, cost, verdict."""
+def _cluster_groups(catalog, text: str) -> list[tuple[dict[str, Any], int]]:
+    """``--cluster KIND:N,KIND:N`` -> [(catalog entry, count), ...] with one-line errors."""
+    groups = []
+    for part in text.split(","):
+        kind, sep, count = part.strip().partition(":")
+        if not sep or not count.strip().isdigit() or int(count) <= 0:
+            raise ValueError(f"--cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
+        groups.append((catalog.gpu(kind.strip()), int(count)))
+    return groups
+
+
+def _group_rows(groups, mixed, hetero: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, (entry, count) in enumerate(groups):
+        rows.append(
+            {
+                "gpu": entry.get("name", "?"),
+                "gpus": count,
+                "stages" if hetero == "pipeline" else "replicas": int(round(float(mixed.group_stages[i]))),
+                "layers_per_stage": int(round(float(mixed.group_layers[i]))),
+                "microbatches": int(round(float(mixed.group_microbatches[i]))),
+                "stage_or_step_time_s": float(mixed.group_stage_time_s[i]),
+                "hbm_used_GiB": float(mixed.group_hbm_used_GiB[i]),
+                "infeasible": Infeasible.describe(int(mixed.group_infeasible[i])),
+            }
+        )
+    return rows
+
+
+def configuration(
+    *,
+    gpus,
+    global_batch,
+    model=None,
+    gpu=None,
+    tp=1,
+    pp=1,
+    vp=1,
+    cp=1,
+    dp=None,
+    sp=None,
+    zero=0,
+    micro_batch=1,
+    seq_len=None,
+    recompute="none",
+    precision="bf16",
+    attention="flash",
+    order=ORDER[0],
+    offload=(),
+    cpu_optimizer=None,
+    cxl_expander=None,
+    cxl_pool=None,
+    cxl_p2p=False,
+    train_tokens=2.0e12,
+    catalog_files=(),
+    overrides=(),
+    layers=None,
+    hidden=None,
+    heads=None,
+    kv_heads=None,
+    ffn_hidden=None,
+    vocab=None,
+    mlp=None,
+    cluster=None,
+    hetero="pipeline",
+    layers_per_stage=None,
+) -> dict[str, Any]:
+    """Validate ``evaluate``'s options and build the specs of one configuration; evaluates it.
+
+    Returns ``model`` and ``gpu`` labels, the ``plan`` options, ``specs`` (model, system or
+    cluster, plan, calibration), ``out`` (a Breakdown) and, for a mix, per-group ``groups``.
+    """
+    if (gpu is None) == (cluster is None):
+        raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
+    if cluster:
+        gpu = cluster
     for flag, value in (("--gpus", gpus), ("--tp", tp), ("--pp", pp), ("--vp", vp), ("--cp", cp), ("--dp", dp)):
         _positive(flag, value)
     for flag, value in (("--micro-batch", micro_batch), ("--global-batch", global_batch), ("--seq-len", seq_len)):
@@ -188,10 +228,15 @@ def evaluate(
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"--zero must be one of 0, 1, 2, 3; got {zero}")
 
-    catalog = load_catalog(catalog_files)
+    catalog = load_catalog(list(catalog_files))
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
     model_label, model_entry = _model(catalog, model, {**dims, "mlp": mlp})
-    gpu_entry = catalog.gpu(gpu)
+    groups_in = _cluster_groups(catalog, cluster) if cluster else None
+    if groups_in and sum(c for _, c in groups_in) != gpus:
+        raise ValueError(f"--gpus {gpus} must equal the --cluster total {sum(c for _, c in groups_in)}")
+    gpu_entry = groups_in[0][0] if cluster else catalog.gpu(gpu)
+    if overrides and cluster:
+        raise ValueError("--set applies to --gpu; describe mixed hardware with --catalog files")
     if overrides:
         gpu_entry = apply_overrides(
             "gpus", gpu, gpu_entry, _pairs("--set", overrides, "=", "FIELD=VALUE"), origin="--set", catalog=catalog
@@ -213,21 +258,112 @@ def evaluate(
         precision=precision,
         attention=attention,
         order=order,
-        offload=_pairs("--offload", offload, ":", "STATE:TIER (e.g. optimizer:host-dram)"),
+        offload=_pairs("--offload", list(offload), ":", "STATE:TIER (e.g. optimizer:host-dram)"),
+        cpu_optimizer=cpu_optimizer,
     )
 
     from hetersim import build
-    from hetersim.simulate import STEP_TERMS
 
     try:
         plan_s = build.plan_spec(**plan)
     except ValueError as error:
         raise _with_flag(error) from None
-    specs = (build.model_spec(model_entry), build.system_spec(gpu_entry, catalog.links), plan_s, _calibration())
-    out = _simulate()(*specs)
+    groups = None
+    if cluster:
+        from hetersim.cluster import check_plan, cluster_spec, simulate_cluster
+
+        if cxl_expander or cxl_pool or cxl_p2p:
+            raise ValueError("--cxl-* options apply to one device kind; describe a mix's tiers with --catalog files")
+        check_plan(groups_in, dict(plan, dp=int(round(float(plan_s.dp)))), hetero)
+        system = cluster_spec(groups_in, catalog.links, hetero, layers_per_stage or None)
+        specs = (build.model_spec(model_entry), system, plan_s, _calibration())
+        import jax
+
+        mixed = jax.jit(simulate_cluster)(*specs)
+        out = mixed.total
+        groups = _group_rows(groups_in, mixed, hetero)
+    else:
+        from hetersim import tiers
+
+        cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
+        system = build.system_spec(gpu_entry, catalog.links, memory=catalog.memory, **cxl)
+        tiers.check_offload(system.host, plan["offload"])
+        specs = (build.model_spec(model_entry), system, plan_s, _calibration())
+        out = _simulate()(*specs)
     if plan["dp"] is None:
         plan["dp"] = int(round(float(plan_s.dp)))
-    result = fmt.evaluation(out, STEP_TERMS, {"model": model_label, "gpu": gpu, "plan": plan})
+    return {"model": model_label, "gpu": gpu, "plan": plan, "specs": specs, "out": out, "groups": groups}
+
+
+@app.command()
+@user_errors
+def evaluate(
+    model: str | None = typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json."),
+    gpu: str | None = typer.Option(None, "--gpu", help="Catalog GPU key (see `hetersim catalog gpus`)."),
+    gpus: int = typer.Option(..., "--gpus", help="Number of GPUs."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
+    vp: int = typer.Option(1, "--vp", help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1)."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel size."),
+    dp: int | None = typer.Option(None, "--dp", help="Data-parallel size (default: gpus/(tp*pp*cp))."),
+    sp: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (3 = FSDP)."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size (sequences)."),
+    global_batch: int = typer.Option(..., "--global-batch", help="Global batch size (sequences)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
+    recompute: str = typer.Option("none", "--recompute", help=_choices(RECOMPUTE)),
+    precision: str = typer.Option("bf16", "--precision", help=_choices(PRECISION)),
+    attention: str = typer.Option("flash", "--attention", help=_choices(ATTENTION)),
+    order: str = typer.Option(ORDER[0], "--order", help=f"Rank placement, innermost first: {_choices(ORDER)}."),
+    offload: list[str] = typer.Option(
+        [], "--offload", help=f"STATE:TIER, repeatable; states {_choices(OFFLOAD_STATE)}, tiers {_choices(TIER[1:])}."
+    ),
+    cpu_optimizer: bool | None = typer.Option(
+        None,
+        "--cpu-optimizer/--gpu-optimizer",
+        help="Offloaded optimizer: step on the host CPU (DeepSpeed CPU-Adam; default) or stream states to the GPU.",
+    ),
+    cxl_expander: str | None = typer.Option(
+        None, "--cxl-expander", help="CXL Type-3 expanders per node, DEVICE:COUNT (e.g. micron-cz120:2)."
+    ),
+    cxl_pool: str | None = typer.Option(
+        None,
+        "--cxl-pool",
+        help="CXL memory pool behind a switch, DEVICE:NHOSTS[:LEVELS] (e.g. cmm-b:4hosts); `hetersim catalog memory`.",
+    ),
+    cxl_p2p: bool = typer.Option(
+        False, "--cxl-p2p", help="What-if CXL 3.x: GPUs reach CXL memory peer-to-peer through the fabric."
+    ),
+    train_tokens: float = typer.Option(2.0e12, "--train-tokens", help="Token budget for time/cost/energy."),
+    catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
+    overrides: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of the GPU entry, repeatable."),
+    layers: int | None = typer.Option(None, "--layers", help="Model by dimensions: layers."),
+    hidden: int | None = typer.Option(None, "--hidden", help="Model by dimensions: hidden size."),
+    heads: int | None = typer.Option(None, "--heads", help="Model by dimensions: attention heads."),
+    kv_heads: int | None = typer.Option(None, "--kv-heads", help="Model by dimensions: KV heads (default: heads)."),
+    ffn_hidden: int | None = typer.Option(None, "--ffn-hidden", help="Model by dimensions: FFN width."),
+    vocab: int | None = typer.Option(None, "--vocab", help="Model by dimensions: vocabulary (default: 32000)."),
+    mlp: str | None = typer.Option(None, "--mlp", help="Model by dimensions: gated|plain (default: gated)."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="A mix of device kinds KIND:N,KIND:N (instead of --gpu; --gpus is their total)."
+    ),
+    hetero: str = typer.Option("pipeline", "--hetero", help="How a mix splits the job: pipeline|data."),
+    layers_per_stage: list[int] = typer.Option(
+        [], "--layers-per-stage", help="Fix the layers per stage of each --cluster group (default: balanced)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """Evaluate one configuration: step time and its breakdown, throughput, memory, cost, verdict.
+
+    ``--cluster KIND:N,KIND:N`` evaluates a mix of device kinds (``--hetero pipeline|data``)."""
+    opts = {k: v for k, v in locals().items() if k != "as_json"}
+    built = configuration(**opts)
+    out = built["out"]
+    from hetersim.simulate import STEP_TERMS
+
+    result = fmt.evaluation(out, STEP_TERMS, {"model": built["model"], "gpu": built["gpu"], "plan": built["plan"]})
+    if built.get("groups") is not None:
+        result["groups"] = built["groups"]
     if as_json:
         typer.echo(fmt.dumps(result))
     else:
@@ -387,6 +523,86 @@ def bench_cmd(
     _positive("--configs", configs)
     _positive("--chunk", chunk)
     bench_command(configs, chunk, json_path)
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    path: Path = typer.Argument(..., help="Results dataset (.nc) from `hetersim sweep` or `hetersim optimize`."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder [default: results/X.nc -> results/X/]."),
+    no_validation: bool = typer.Option(False, "--no-validation", help="Skip the model's validation run (~10 s)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (Pareto set, figures, validation) as JSON."),
+) -> None:
+    """Write an offline HTML report: Pareto fronts, breakdowns, memory, heat maps, validation error."""
+    from dse.report_cli import report_command
+
+    report_command(path, out, as_json, validation=not no_validation)
+
+
+def sensitivity_cmd(**options: Any) -> None:
+    """Which hardware upgrade buys the most: d metric / d p and the elasticity of every continuous
+    hardware parameter of one configuration (given as for ``evaluate``)."""
+    from dse.optimize_cli import sensitivity_report
+
+    metric, top, as_json = options.pop("metric"), options.pop("top"), options.pop("as_json")
+    if options.get("cluster"):
+        raise ValueError("--cluster: sensitivity works on one device kind; give --gpu")
+    built = configuration(**options)
+    sensitivity_report(built, metric=metric, top=top, json_out=as_json)
+
+
+def _with_extra_options(fn: Callable[..., Any], like: Callable[..., Any], extra: dict[str, Any]) -> Callable[..., Any]:
+    """Give ``fn`` the typer options of ``like`` (its signature) plus ``extra`` ones."""
+    import inspect
+
+    params = [p for name, p in inspect.signature(like).parameters.items() if name != "as_json"]
+    params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v) for k, v in extra.items()]
+    fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return fn
+
+
+app.command("sensitivity")(
+    user_errors(
+        _with_extra_options(
+            sensitivity_cmd,
+            evaluate,
+            {
+                "metric": typer.Option("step_time_s", "--metric", help="Metric to differentiate (step_time_s, ...)."),
+                "top": typer.Option(15, "--top", help="How many parameters to list."),
+                "as_json": typer.Option(False, "--json", help="Print every derivative and elasticity as JSON."),
+            },
+        )
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------
+# optimize
+# --------------------------------------------------------------------------------------------
+
+
+@app.command("optimize")
+@user_errors
+def optimize_cmd(
+    study: Path = typer.Argument(..., help="Optimize study TOML: a study file with a [search] table."),
+    trials: int = typer.Option(200, "--trials", help="Trials the study should hold (a rerun resumes; 0 only writes)."),
+    sampler: str = typer.Option(
+        "auto", "--sampler", help="auto|nsga2|tpe|random|grid (auto: NSGA-II, or TPE for one objective)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed; the same seed reproduces a run."),
+    out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
+    storage: str | None = typer.Option(
+        None, "--storage", help="Journal file or RDB URL (sqlite:///x.db, postgresql://...) shared by workers."
+    ),
+    study_name: str | None = typer.Option(None, "--study-name", help="Optuna study name (default: the study's)."),
+    batch: int = typer.Option(32, "--batch", help="Trials asked, solved in one vectorized call and told together."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Search the hardware with Optuna, solving every layout of each trial at once; write all trials."""
+    from dse.optimize_cli import optimize_command
+
+    _positive("--batch", batch)
+    optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)
 
 
 if __name__ == "__main__":

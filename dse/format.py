@@ -136,8 +136,15 @@ def evaluation(out: Any, step_terms: Iterable[str], header: Mapping[str, Any]) -
     code = int(np.asarray(out.infeasible))
     used = np.asarray(out.tier_used_GiB, dtype=float)
     cap = np.asarray(out.tier_capacity_GiB, dtype=float)
+    bw = np.asarray(out.tier_bw_GBps, dtype=float)
+    need = np.asarray(out.tier_bw_needed_GBps, dtype=float)
     tiers = {
-        TIER[i]: {"used_GiB": float(used[i]), "capacity_GiB": float(cap[i])}
+        TIER[i]: {
+            "used_GiB": float(used[i]),
+            "capacity_GiB": float(cap[i]),
+            "bw_per_gpu_GBps": float(bw[i]),
+            "bw_needed_per_gpu_GBps": float(need[i]),
+        }
         for i in range(1, len(TIER))
         if used[i] > 0 or cap[i] > 0
     }
@@ -161,6 +168,7 @@ def evaluation(out: Any, step_terms: Iterable[str], header: Mapping[str, Any]) -
             "hbm_capacity": f("hbm_capacity_GiB"),
         },
         "offload_tiers_per_node_GiB": tiers,
+        "offload_traffic_s": f("offload_traffic_s"),
         "time_to_train_s": f("time_to_train_s"),
         "time_to_train_days": f("time_to_train_s") / DAY,
         "cost_usd": f("cost_usd"),
@@ -187,6 +195,8 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
     plan = r["plan"]
     con.print(f"[bold]{r['model']}[/] ({r['params'] / 1e9:.2f}B params) on {plan['n_gpus']} x [bold]{r['gpu']}[/]")
     con.print(f"layout: {_layout(plan)}")
+    if r.get("groups"):
+        print_groups(con, r["groups"])
 
     step = r["step_time_s"]
     t = Table(title="Step time", title_justify="left")
@@ -222,12 +232,17 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
     con.print(t)
 
     if plan["offload"]:
-        t = Table(title="Offload tiers (per node)", title_justify="left")
+        moved, exposed = r.get("offload_traffic_s", 0.0), r["breakdown_s"].get("offload_s", 0.0)
+        title = f"Offload tiers per node (transfers {moved:.2f} s/step, {exposed:.2f} s exposed)"
+        t = Table(title=title, title_justify="left")
         t.add_column("tier")
         t.add_column("used GiB", justify="right")
         t.add_column("capacity GiB", justify="right")
+        t.add_column("GB/s per GPU", justify="right")
+        t.add_column("GB/s to hide", justify="right")
         for tier, v in r["offload_tiers_per_node_GiB"].items():
-            t.add_row(tier, f"{v['used_GiB']:.1f}", f"{v['capacity_GiB']:.1f}")
+            bw, need = v.get("bw_per_gpu_GBps", 0.0), v.get("bw_needed_per_gpu_GBps", 0.0)
+            t.add_row(tier, f"{v['used_GiB']:.1f}", f"{v['capacity_GiB']:.1f}", f"{bw:.1f}", f"{need:.1f}")
         con.print(t)
 
     con.print(
@@ -338,3 +353,23 @@ def catalog_table(section: str, entries: Mapping[str, Mapping[str, Any]]) -> Tab
     for key, entry in entries.items():
         t.add_row(key, *(_cell(entry.get(field)) for field, _ in columns))
     return t
+
+
+def print_groups(con: Console, groups: list[Mapping[str, Any]]) -> None:
+    """The device groups of a mixed cluster: stages or replicas, layer split, memory."""
+    t = Table(title="Device groups", title_justify="left")
+    units = "stages" if "stages" in groups[0] else "replicas"
+    for column in ("gpu", "GPUs", units, "layers/stage", "micro-batches", "stage or step s", "HBM GiB", "verdict"):
+        t.add_column(column, justify="left" if column in ("gpu", "verdict") else "right")
+    for g in groups:
+        t.add_row(
+            g["gpu"],
+            str(g["gpus"]),
+            str(g[units]),
+            str(g["layers_per_stage"]),
+            str(g["microbatches"]),
+            f"{g['stage_or_step_time_s']:.4f}",
+            f"{g['hbm_used_GiB']:.1f}",
+            "; ".join(g["infeasible"]) or "fits",
+        )
+    con.print(t)

@@ -47,6 +47,8 @@ METRICS: dict[str, Metric] = {
     "grads_GiB": Metric("GiB", "gradients in HBM per GPU"),
     "optimizer_GiB": Metric("GiB", "optimizer states in HBM per GPU"),
     "activations_GiB": Metric("GiB", "stored activations per GPU"),
+    "offload_traffic_s": Metric("s", "transfers to and from memory tiers per step, hidden or not"),
+    "offload_bw_needed_GBps": Metric("GB/s", "per-GPU tier bandwidth that would hide all offload traffic"),
     "time_to_train_s": Metric("s", "time to train the token budget"),
     "cost_usd": Metric("USD", "cost to train the token budget (on-demand GPU-hours)"),
     "energy_kWh": Metric("kWh", "GPU energy to train the token budget (at TDP)"),

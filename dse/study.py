@@ -77,7 +77,7 @@ AUTO_PRECISIONS = ("bf16", "fp8")
 
 TOP_KEYS = ("name", "description", "catalog", "model", "hardware", "plan", "constraints", "objectives")
 MODEL_KEYS = ("key",)
-HARDWARE_KEYS = ("gpu", "n_gpus", "set")
+HARDWARE_KEYS = ("gpu", "n_gpus", "set", "cluster", "hetero")
 PLAN_KEYS = (*PLAN_AXES, *PLAN_SCALARS)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -104,6 +104,9 @@ class Study:
     constraints: dict[str, float] = field(default_factory=dict)
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     description: str = ""
+    # Mixed clusters: label -> ((gpu key, count), ...); the ``gpu`` axis then holds these labels.
+    clusters: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    hetero: str = "pipeline"  # how a mix splits the job: pipeline stages or data-parallel replicas
 
     @property
     def cross_product_size(self) -> int:
@@ -159,7 +162,13 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
 
     model_keys = _strings(origin, "model.key", _required(origin, "model.key", model_t.get("key")))
     models = {k: _lookup(origin, "model.key", catalog.model, k) for k in model_keys}
-    gpu_keys = _strings(origin, "hardware.gpu", _required(origin, "hardware.gpu", hw.get("gpu")))
+    clusters, hetero = _clusters(origin, hw)
+    if clusters and "gpu" in hw:
+        raise _err(origin, "hardware.gpu", "give either hardware.gpu or hardware.cluster, not both")
+    if clusters:
+        gpu_keys = tuple(dict.fromkeys(k for groups in clusters.values() for k, _ in groups))
+    else:
+        gpu_keys = _strings(origin, "hardware.gpu", _required(origin, "hardware.gpu", hw.get("gpu")))
     overrides = _table(origin, "hardware.set", hw.get("set"), required=False)
     for key, value in overrides.items():
         if isinstance(value, dict | list):
@@ -170,9 +179,13 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
         if overrides:
             entry = apply_overrides("gpus", key, entry, overrides, origin=f"{origin}: hardware.set", catalog=catalog)
         gpus[key] = entry
-    n_gpus = _ints(origin, "hardware.n_gpus", _required(origin, "hardware.n_gpus", hw.get("n_gpus")), lo=1)
+    if clusters and "n_gpus" not in hw:
+        n_gpus = tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
+    else:
+        n_gpus = _ints(origin, "hardware.n_gpus", _required(origin, "hardware.n_gpus", hw.get("n_gpus")), lo=1)
 
-    axes: dict[str, tuple[Any, ...]] = {"model": model_keys, "gpu": gpu_keys, "n_gpus": n_gpus}
+    gpu_axis = tuple(clusters) if clusters else gpu_keys
+    axes: dict[str, tuple[Any, ...]] = {"model": model_keys, "gpu": gpu_axis, "n_gpus": n_gpus}
     raw = {k: plan_t.get(k, PLAN_DEFAULTS.get(k)) for k in PLAN_AXES}
     for key in ("global_batch", "seq_len"):
         _required(origin, f"plan.{key}", raw[key])
@@ -203,6 +216,8 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
         constraints=constraints,
         objectives=objectives,
         description=description,
+        clusters=clusters,
+        hetero=hetero,
         **scalars,
     )
 
@@ -210,6 +225,31 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
 # --------------------------------------------------------------------------------------------
 # Pieces
 # --------------------------------------------------------------------------------------------
+
+
+def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple[str, int], ...]], str]:
+    """``hardware.cluster``: a mix ``"kind:count,kind:count"`` or a list of them (an axis)."""
+    from hetersim.cluster import MAX_GROUPS, MODES
+
+    hetero = hw.get("hetero", "pipeline")
+    if hetero not in MODES:
+        raise _err(origin, "hardware.hetero", f"must be one of {', '.join(MODES)}; got {hetero!r}")
+    if "cluster" not in hw:
+        if "hetero" in hw:
+            raise _err(origin, "hardware.hetero", "needs hardware.cluster")
+        return {}, hetero
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    for mix in _strings(origin, "hardware.cluster", hw["cluster"]):
+        groups = []
+        for part in mix.split(","):
+            kind, sep, count = part.strip().partition(":")
+            if not sep or not count.strip().isdigit() or int(count) <= 0:
+                raise _err(origin, "hardware.cluster", f"{part.strip()!r} must be KIND:COUNT with a positive count")
+            groups.append((kind.strip(), int(count)))
+        if len(groups) > MAX_GROUPS:
+            raise _err(origin, "hardware.cluster", f"{mix!r} has {len(groups)} groups; at most {MAX_GROUPS}")
+        out[",".join(f"{k}:{c}" for k, c in groups)] = tuple(groups)
+    return out, hetero
 
 
 def _err(origin: str, key: str | None, message: str) -> ValueError:

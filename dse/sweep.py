@@ -37,6 +37,7 @@ from dse.metrics import DERIVED, METRICS, constraint_metric
 from dse.study import CATEGORICAL, Study, load_study
 from hetersim import build
 from hetersim.calibration import load_calibration
+from hetersim.cluster import ClusterSpec, cluster_spec, simulate_cluster
 from hetersim.simulate import simulate
 from hetersim.specs import Calibration, ModelSpec, Plan, SystemSpec
 from hetersim.types import Infeasible
@@ -123,6 +124,8 @@ class Space:
     fixed: dict[str, Any] = field(default_factory=dict)  # plan_spec keywords shared by all
     constraints: tuple[tuple[str, str, str], ...] = ()
     limits: tuple[float, ...] = ()
+    clusters: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # mixes on the gpu axis
+    hetero: str = "pipeline"
 
     def __post_init__(self) -> None:
         seen = [c for _, table in self.factors for c in table]
@@ -145,8 +148,15 @@ class Space:
         return _stack([build.model_spec(e) for e in self.model_entries.values()])
 
     @functools.cached_property
-    def systems(self) -> SystemSpec:
+    def systems(self) -> SystemSpec | ClusterSpec:
+        """One system per GPU kind, or one :class:`ClusterSpec` per mix when the study has mixes."""
+        if self.clusters:
+            return _stack([self.cluster(label) for label in self.clusters])
         return _stack([build.system_spec(e, self.links) for e in self.gpu_entries.values()])
+
+    def cluster(self, label: str) -> ClusterSpec:
+        groups = [(self.gpu_entries[k], c) for k, c in self.clusters[label]]
+        return cluster_spec(groups, self.links, self.hetero)
 
     @functools.cached_property
     def base_plan(self) -> Plan:
@@ -187,7 +197,7 @@ class Space:
         if column == "model":
             return tuple(self.model_entries)
         if column == "gpu":
-            return tuple(self.gpu_entries)
+            return tuple(self.clusters) if self.clusters else tuple(self.gpu_entries)
         if column == "sp":
             return ("off", "on")
         return CATEGORICAL[column]
@@ -202,14 +212,12 @@ class Space:
         kw.update(self.fixed)
         return self.labels("model")[row["model"]], self.labels("gpu")[row["gpu"]], kw
 
-    def specs(self, index: int) -> tuple[ModelSpec, SystemSpec, Plan]:
-        """The one-configuration specs of ``index``, built by :mod:`hetersim.build` from names."""
+    def specs(self, index: int) -> tuple[ModelSpec, SystemSpec | ClusterSpec, Plan]:
+        """The one-configuration specs of ``index``, built by :mod:`hetersim.build` from names
+        (the second is a :class:`ClusterSpec`, for :func:`simulate_cluster`, in a study of mixes)."""
         model, gpu, kw = self.plan_kwargs(index)
-        return (
-            build.model_spec(self.model_entries[model]),
-            build.system_spec(self.gpu_entries[gpu], self.links),
-            build.plan_spec(**kw),
-        )
+        system = self.cluster(gpu) if self.clusters else build.system_spec(self.gpu_entries[gpu], self.links)
+        return build.model_spec(self.model_entries[model]), system, build.plan_spec(**kw)
 
 
 def _stack(specs: Sequence[Any]) -> Any:
@@ -270,6 +278,8 @@ def space_from_study(study: Study) -> Space:
         fixed=fixed,
         constraints=tuple(constraints),
         limits=tuple(study.constraints.values()),
+        clusters=dict(study.clusters),
+        hetero=study.hetero,
     )
 
 
@@ -286,6 +296,7 @@ def trace_count() -> int:
 
 
 _batched_simulate = jax.vmap(simulate, in_axes=(0, 0, 0, None))
+_batched_cluster = jax.vmap(simulate_cluster, in_axes=(0, 0, 0, None))
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "kinds"))
@@ -324,7 +335,10 @@ def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk:
         cpu_optimizer=fixed["cpu_optimizer"],
         bucket_Mparams=fixed["bucket_Mparams"],
     )
-    out = _batched_simulate(model, system, plan, cal)
+    if isinstance(system, ClusterSpec):  # static: the study's structure, not a traced value
+        out = _batched_cluster(model, system, plan, cal).total
+    else:
+        out = _batched_simulate(model, system, plan, cal)
 
     result = {name: getattr(out, name) for name in METRICS}
     violation = jnp.zeros(chunk, jnp.int32)

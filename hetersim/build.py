@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from . import tiers
 from .pytree import as_arrays
 from .specs import Calibration, DeviceSpec, HostSpec, ModelSpec, NetworkSpec, Plan, SystemSpec
 from .types import (
     ATTENTION,
     N_LEVELS,
-    N_TIERS,
     OFFLOAD_STATE,
     ORDER,
     PRECISION,
@@ -98,39 +98,29 @@ def network_spec(
     return as_arrays(net)
 
 
-def host_spec(gpu: Mapping[str, Any], links: Mapping[str, Mapping[str, Any]]) -> HostSpec:
-    """The node's host side. Only host DRAM is present by default (CXL tiers come from options).
-
-    GPU <-> host DRAM runs over the GPU's own PCIe x16 link at its measured pinned-copy efficiency.
-    """
-    pcie = links[gpu["host_link"]]
-    per_gpu = float(pcie["bw_GBps"]) * float(pcie["busbw_eff"])
-    present = np.zeros(N_TIERS)
-    present[0] = present[1] = 1.0
-    cap = np.zeros(N_TIERS)
-    cap[1] = float(gpu.get("host_dram_GiB", 1024.0))
-    path = np.ones(N_TIERS)
-    path[1] = per_gpu
-    lat = np.zeros(N_TIERS)
-    slow = np.ones(N_TIERS)
-    return as_arrays(
-        HostSpec(
-            gpus_per_node=float(gpu.get("gpus_per_node", 8)),
-            tier_present=present,
-            tier_capacity_GiB=cap,
-            tier_path_GBps=path,
-            tier_latency_ns=lat,
-            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
-            cpu_adam_tier_slowdown=slow,
-        )
-    )
+def host_spec(
+    gpu: Mapping[str, Any],
+    links: Mapping[str, Mapping[str, Any]],
+    memory: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    cxl_expander: str | None = None,
+    cxl_pool: str | None = None,
+    cxl_p2p: bool | None = None,
+) -> HostSpec:
+    """The node's host side and memory tiers (:func:`hetersim.tiers.host_spec`): host DRAM always,
+    CXL expanders and a CXL pool from the options or from the GPU entry's fields of those names."""
+    return tiers.host_spec(gpu, links, memory, cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p)
 
 
-def system_spec(gpu, links, scaleup_domain=None) -> SystemSpec:
+def system_spec(
+    gpu, links, scaleup_domain=None, memory=None, *, cxl_expander=None, cxl_pool=None, cxl_p2p=None
+) -> SystemSpec:
+    """Device, network and host specs of one GPU entry; the CXL options as for :func:`host_spec`."""
+    cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p)
     return SystemSpec(
         device=device_spec(gpu),
         network=network_spec(gpu, links, scaleup_domain),
-        host=host_spec(gpu, links),
+        host=host_spec(gpu, links, memory, **cxl),
     )
 
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from .layer import layer_costs, p2p_chunk_s
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
-from .terms import comm, compute, memory
+from .terms import comm, compute, memory, offload
 from .terms._safe import pos, safe_div
 from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible
-from .units import GB, HOUR, KWH, GiB
+from .units import HOUR, KWH, GiB
 
 STEP_TERMS = (
     "compute_s",
@@ -70,6 +71,10 @@ class Breakdown:
     cost_usd: Any
     energy_kWh: Any
     infeasible: Any  # Infeasible bit flags
+    offload_traffic_s: Any  # transfer time to and from slower tiers, hidden or not (offload_s is exposed)
+    tier_bw_GBps: Any  # [N_TIERS] read bandwidth one GPU gets to each tier (index 0 unused)
+    tier_bw_needed_GBps: Any  # [N_TIERS] per-GPU bandwidth that would hide each tier's traffic
+    offload_bw_needed_GBps: Any  # the largest of tier_bw_needed_GBps
 
 
 def _flag(cond, bit):
@@ -100,13 +105,6 @@ def feasibility(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> An
     return f
 
 
-def stage_layers(model: ModelSpec, plan: Plan):
-    """Layers on the busiest pipeline stage: ``ceil(L / (pp*vp)) * vp`` (uneven splits put the
-    remainder on some stages)."""
-    chunks = plan.pp * plan.vp
-    return jnp.ceil(model.layers / chunks - 1e-6) * plan.vp
-
-
 def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
     """Parameters per data-parallel collective.
 
@@ -123,65 +121,28 @@ def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
 def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> Breakdown:
     dev, net, host = system.device, system.network, system.host
     n_micro = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0)
-    s_tp, s_cp, s_dp, s_pp = comm.strides(plan)
-    T = plan.micro_batch * plan.seq_len / plan.cp
-    act = compute.act_bytes(plan)
-
-    # --- one layer, one micro-batch, one GPU -------------------------------------------------
-    gemm_f = compute.layer_gemm_fwd_s(dev, cal, model, plan)
-    gemm_b = compute.layer_gemm_bwd_s(dev, cal, model, plan)
-    attn_f = compute.attention_fwd_s(dev, cal, model, plan)
-    attn_b = compute.attention_bwd_s(dev, cal, model, plan)
-    ew_f = compute.layer_elementwise_fwd_s(dev, cal, model, plan)
-    ew_b = compute.layer_elementwise_bwd_s(dev, cal, model, plan)
-    act_fn_s = compute.activation_fn_s(dev, cal, model, plan)
-    layer_f = gemm_f + attn_f + ew_f
-    layer_b = gemm_b + attn_b + ew_b
-
-    # Tensor parallel: per layer 2 all-gathers + 2 reduce-scatters with SP (2 all-reduces
-    # without) of the b*s*h activation in the forward, the same again in the backward.
-    tp_bytes = T * model.hidden * act
-    tp_pass = 2.0 * comm.all_reduce_s(net, plan.tp, s_tp, tp_bytes, 1.0)
-    tp_pass = jnp.where(plan.tp > 1, tp_pass, 0.0)
-    # Forward: the collectives sit between dependent GEMMs; a fraction ``tp_overlap`` is hidden
-    # where the stack splits GEMMs to overlap them (Transformer Engine's userbuffers).
-    # Backward: Megatron overlaps the input all-gather and the gradient reduce-scatter
-    # (all-reduce without SP) with the weight-gradient GEMMs, which do not depend on them
-    # (Korthikanti et al. 2022 §4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication).
-    tp_f = (1.0 - cal.tp_overlap) * tp_pass
-    tp_b = pos(tp_pass - 0.5 * gemm_b)
-    tp_f = jnp.where(plan.tp > 1, tp_f, 0.0)
-    tp_b = jnp.where(plan.tp > 1, tp_b, 0.0)
-
-    # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
-    # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
-    kv_bytes = 2.0 * T * model.hidden * model.kv_heads / model.heads / plan.tp * act
-    ring_step = comm.p2p_s(net, s_cp, kv_bytes)
-    cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
-    cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)
-
-    # Recomputation during the backward: the whole forward (full) or the attention core
-    # (selective, Megatron's core-attention checkpointing).
+    _, s_cp, s_dp, _ = comm.strides(plan)
+    lc = layer_costs(model, system, plan, cal)
+    layer_f, layer_b, recomp = lc.layer_f, lc.layer_b, lc.recomp
+    tp_f, tp_b, cp_f, cp_b, head = lc.tp_f, lc.tp_b, lc.cp_f, lc.cp_b, lc.head
     rc = plan.recompute_code
-    recomp = jnp.where(rc == 2, layer_f + tp_f + cp_f, jnp.where(rc == 1, attn_f + act_fn_s, 0.0))
 
-    layers_stage = stage_layers(model, plan)
-    head = compute.head_s(dev, cal, model, plan)
+    layers_stage = memory.busiest_stage_layers(model, plan)
     per_layer_compute = layer_f + layer_b
     stage_compute = layers_stage * per_layer_compute + head
     stage_recompute = layers_stage * recomp
-    stage_tp = layers_stage * (tp_f + tp_b) * jnp.where(rc == 2, 1.5, 1.0)
+    stage_tp = layers_stage * (tp_f + tp_b)  # recomputed forwards' traffic is in ``recomp``
     stage_cp = layers_stage * (cp_f + cp_b)
 
-    # Pipeline point-to-point: activation forward, gradient backward, once per model chunk.
-    p2p_bytes = T * model.hidden * act / jnp.where(plan.sp > 0, plan.tp, 1.0)
-    p2p = 2.0 * plan.vp * comm.p2p_s(net, s_pp, p2p_bytes)
-    stage_pp = jnp.where(plan.pp > 1, (1.0 - cal.pp_overlap) * p2p, 0.0)
+    stage_pp = p2p_chunk_s(model, system, plan, cal)
 
     t_max = stage_compute + stage_recompute + stage_tp + stage_cp + stage_pp
-    t_avg = (model.layers / plan.pp) * (per_layer_compute + recomp + (stage_tp + stage_cp) / layers_stage)
-    t_avg = t_avg + head / plan.pp + stage_pp
-    bubble = (plan.pp - 1.0) / plan.vp * t_avg
+    # Fill and drain: every stage but the busiest runs once outside the steady state, divided
+    # by the interleaving depth: (sum of stage times - the busiest) / vp. The busiest stage holds
+    # ceil(L/(pp*vp))*vp layers and the LM head; the others share the remaining layers.
+    per_layer = safe_div(t_max - head - stage_pp, layers_stage)
+    others = (model.layers - layers_stage) * per_layer + (plan.pp - 1.0) * stage_pp
+    bubble = jnp.where(plan.pp > 1, others / plan.vp, 0.0)
 
     # --- data parallel / ZeRO -----------------------------------------------------------------
     p_local = memory.local_params(model, plan)
@@ -207,48 +168,51 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [dp_z3, dp_z12], dp_z0)
     dp = jnp.where(n_dp > 1, dp, 0.0)
 
-    # --- optimizer and offload ------------------------------------------------------------------
+    # --- optimizer and offload (hetersim.terms.offload) ------------------------------------------
     weights, grads, opt = memory.state_bytes(model, plan)
     opt_params = p_local / jnp.where(plan.zero >= 1, n_dp, 1.0)
-    off = plan.offload_tier_code
-    opt_off = off[memory.OPT] > 0
-    grad_off = off[memory.GRAD] > 0
-    gpu_opt = compute.optimizer_gpu_s(dev, cal, opt_params)
-    # Host CPU-Adam (DeepSpeed ZeRO-Offload): the node's CPU updates the shards of all its GPUs.
-    cpu_rate = host.cpu_adam_Gparams_per_s * 1e9 / jnp.minimum(host.gpus_per_node, plan.n_gpus)
-    cpu_rate = cpu_rate / host.cpu_adam_tier_slowdown[off[memory.OPT]]
-    cpu_opt = safe_div(opt_params, cpu_rate, 1e9)
-    optimizer_s = jnp.where(opt_off & (plan.cpu_optimizer > 0), cpu_opt, gpu_opt)
-    path = host.tier_path_GBps[off[memory.OPT]] * GB
-    # Gradients stream to the tier during the backward (hidden behind it where it can be) and
-    # updated 16-bit weights come back after the update.
-    d2h = jnp.where(opt_off | grad_off, safe_div(opt_params * 2.0, path), 0.0)
-    h2d = jnp.where(opt_off & (plan.cpu_optimizer > 0), safe_div(opt_params * 2.0, path), 0.0)
-    # Optimizer states streamed through the GPU (no CPU optimizer): read and write 12 bytes.
-    stream = jnp.where(opt_off & (plan.cpu_optimizer <= 0), safe_div(opt_params * 24.0, path), 0.0)
-    offload = pos(d2h - win_b) + h2d + stream
+    on = plan.offload_tier_code > 0
+    acts_off, acts_off_mb = offload.activation_offload_bytes(model, plan, n_micro)
+    oc = offload.offload_cost(
+        host,
+        plan,
+        n_micro=n_micro,
+        layers=layers_stage,
+        weights=weights,
+        grads=grads,
+        opt=opt,
+        opt_params=opt_params,
+        grad_elem_bytes=memory.grad_bytes(plan),
+        acts_mb=acts_off_mb,
+        t_fwd=t_fwd_mb,
+        t_bwd=t_bwd_mb,
+        gpu_opt_s=compute.optimizer_gpu_s(dev, cal, opt_params),
+    )
+    optimizer_s = oc.optimizer_s
+    offload_s = oc.exposed_s
 
-    step = n_micro * t_max + bubble + dp + optimizer_s + offload
+    step = n_micro * t_max + bubble + dp + optimizer_s + offload_s
 
     # --- memory -------------------------------------------------------------------------------
     acts = memory.activation_bytes(model, plan, n_micro)
     bufs = memory.buffer_bytes(model, plan)
-    weights_hbm = weights
-    grads_hbm = jnp.where(grad_off, 0.0, grads)
-    opt_hbm = jnp.where(opt_off, 0.0, opt)
+    weights_hbm = jnp.where(on[memory.PARAM], 0.0, weights)
+    grads_hbm = jnp.where(on[memory.GRAD], 0.0, grads)
+    opt_hbm = jnp.where(on[memory.OPT], 0.0, opt)
+    acts_tier = jnp.where(on[memory.ACT], acts_off, 0.0)
+    acts = acts - acts_tier
+    bufs = bufs + jnp.where(on[memory.PARAM], offload.param_staging_bytes(model, plan), 0.0)
     hbm = weights_hbm + grads_hbm + opt_hbm + acts + bufs
-    per_node = jnp.minimum(host.gpus_per_node, plan.n_gpus)
-    tier_used = jnp.zeros_like(host.tier_capacity_GiB)
-    tier_used = tier_used.at[off[memory.OPT]].add(jnp.where(opt_off, opt * per_node, 0.0) / GiB)
-    tier_used = tier_used.at[off[memory.GRAD]].add(jnp.where(grad_off, grads * per_node, 0.0) / GiB)
-    tier_used = tier_used.at[0].set(hbm / GiB)
-    tier_cap = host.tier_capacity_GiB.at[0].set(dev.hbm_capacity_GiB)
+    per_node = offload.gpus_sharing(host, plan)
+    placed = offload.placed_bytes(plan, weights, grads, opt, acts_tier)
+    tier_used = (placed * per_node / GiB).at[0].set(hbm / GiB)
+    tier_cap = offload.tier_capacity_GiB(host).at[0].set(dev.hbm_capacity_GiB)
 
     flags = feasibility(model, system, plan, n_micro)
     flags |= _flag(hbm / GiB > dev.hbm_capacity_GiB, Infeasible.HBM_CAPACITY)
-    over_tier = jnp.any((tier_used[1:] > host.tier_capacity_GiB[1:]) & (host.tier_present[1:] > 0))
+    over_tier = jnp.any((tier_used[1:] > tier_cap[1:]) & (host.tier_present[1:] > 0))
     flags |= _flag(over_tier, Infeasible.TIER_CAPACITY)
-    missing = jnp.any((off > 0) & (host.tier_present[off] <= 0))
+    missing = jnp.any(on & (host.tier_present[plan.offload_tier_code] <= 0))
     flags |= _flag(missing, Infeasible.TIER_MISSING)
 
     # --- throughput, utilisation, cost ---------------------------------------------------------
@@ -274,7 +238,7 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
         dp_comm_s=dp,
         bubble_s=bubble,
         optimizer_s=optimizer_s,
-        offload_s=offload,
+        offload_s=offload_s,
         tokens_per_s=tok_s,
         tokens_per_s_per_gpu=safe_div(tok_s, plan.n_gpus),
         mfu=mfu,
@@ -295,4 +259,8 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
         cost_usd=ttt / HOUR * plan.n_gpus * dev.price_usd_per_hour,
         energy_kWh=ttt * plan.n_gpus * dev.tdp_W / KWH,
         infeasible=flags,
+        offload_traffic_s=oc.traffic_s,
+        tier_bw_GBps=oc.bw_GBps,
+        tier_bw_needed_GBps=oc.bw_needed_GBps,
+        offload_bw_needed_GBps=jnp.max(oc.bw_needed_GBps),
     )

@@ -65,17 +65,25 @@ class NetworkSpec:
 class HostSpec:
     """The host side of a node, and the memory tiers beyond HBM (TIER order, index 0 unused).
 
-    ``tier_path_GBps`` is the bandwidth one GPU gets to a tier when all GPUs that share the path
-    use it at once (the narrowest link of the path divided by its sharers).
+    A GPU reaches a tier over a path of three parts (built by :mod:`hetersim.tiers`, priced by
+    :mod:`hetersim.terms.offload`): its own link (``tier_path_GBps``), the part the node's GPUs
+    share (``tier_node_GBps``: host root ports, host DRAM, the node's CXL expanders or its port
+    into a CXL switch) and the part the hosts of a CXL pool share (``tier_shared_GBps``, divided
+    among ``tier_hosts``). Bandwidths are read bandwidths, per direction; writes reach
+    ``tier_write_eff`` of the devices' part.
     """
 
     gpus_per_node: Any
     tier_present: Any  # [N_TIERS] 1 where the node has the tier
-    tier_capacity_GiB: Any  # [N_TIERS] per node
-    tier_path_GBps: Any  # [N_TIERS] per GPU, GPU <-> tier, per direction
-    tier_latency_ns: Any  # [N_TIERS]
+    tier_capacity_GiB: Any  # [N_TIERS] the tier's devices (a pool: the whole pool, split among tier_hosts)
+    tier_path_GBps: Any  # [N_TIERS] per GPU: the GPU's own link toward the tier, per direction
+    tier_latency_ns: Any  # [N_TIERS] load-to-use latency (device plus switch hops)
     cpu_adam_Gparams_per_s: Any  # host CPU Adam update throughput (whole node, local DRAM)
-    cpu_adam_tier_slowdown: Any  # [N_TIERS] CPU-Adam time multiplier when states live on a tier
+    tier_node_GBps: Any  # [N_TIERS] per node: the part of the path all GPUs of the node share
+    tier_shared_GBps: Any  # [N_TIERS] the part all hosts of a pool share; 0 = nothing shared
+    tier_hosts: Any  # [N_TIERS] hosts that share the tier (1 = private to the node)
+    tier_write_eff: Any  # [N_TIERS] write / read bandwidth of the tier's devices
+    tier_cpu_GBps: Any  # [N_TIERS] per node: host CPU <-> tier bandwidth before pool sharing
 
 
 @spec

@@ -166,6 +166,16 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "flash_attention": _FLAG.optional(),  # the device runs flash-attention kernels
         "host_dram_GiB": _POSITIVE.optional(),  # host DRAM per node
         "cpu_adam_Gparams_per_s": _POSITIVE.optional(),  # host CPU-Adam throughput per node
+        # Memory tiers (read by hetersim.tiers when present; see hetersim/tiers.py):
+        "host_dram_channels": _COUNT.optional(),  # DRAM channels per node (all sockets)
+        "host_dram_channel": _TEXT.optional(),  # memory device key of one channel (kind "dram")
+        "gpus_per_host_link": _COUNT.optional(),  # GPUs behind one upstream PCIe link / root port
+        "host_path_GBps": _POSITIVE.optional(),  # measured GPU<->host bandwidth, all GPUs at once
+        "cxl_expander": _TEXT.optional(),  # "DEVICE:COUNT" CXL expanders per node
+        "cxl_pool": _TEXT.optional(),  # "DEVICE:NHOSTS[:LEVELS]" CXL pool behind a switch
+        "cxl_p2p": _FLAG.optional(),  # GPUs reach CXL memory peer-to-peer (CXL 3.x what-if)
+        "cxl_expander_GBps": _POSITIVE.optional(),  # what-if: bandwidth of one expander (overrides the device's)
+        "cxl_pool_GBps": _POSITIVE.optional(),  # what-if: bandwidth of the pool (overrides the device's)
     },
     "links": {
         "name": _TEXT,

@@ -19,14 +19,21 @@ RUNTIME_RESERVED_GiB = 1.5  # CUDA context, cuBLAS workspace, NCCL channel buffe
 OPT, GRAD, PARAM, ACT = 0, 1, 2, 3
 
 
-def local_params(m: ModelSpec, plan: Plan):
-    """Parameters on the busiest pipeline stage's tensor-parallel rank.
+def busiest_stage_layers(m: ModelSpec, plan: Plan):
+    """Layers on the busiest pipeline stage: ``ceil(L / (pp*vp)) * vp`` (uneven splits put the
+    remainder on some stages)."""
+    return jnp.ceil(m.layers / (plan.pp * plan.vp) - 1e-6) * plan.vp
+
+
+def local_params(m: ModelSpec, plan: Plan, layers=None):
+    """Parameters on the busiest pipeline stage's tensor-parallel rank (or on a stage of
+    ``layers`` layers).
 
     With pp > 1 the first stage holds the embedding and the last the LM head (one vocabulary
     matrix each); with pp == 1 one rank holds both (one matrix when they are tied).
     """
-    chunks = plan.pp * plan.vp
-    layers = jnp.ceil(m.layers / chunks - 1e-6) * plan.vp * layer_params(m) / plan.tp
+    layers = busiest_stage_layers(m, plan) if layers is None else layers
+    layers = layers * layer_params(m) / plan.tp
     vocab_mats = jnp.where(plan.pp > 1, 1.0, 2.0 - m.tied_embeddings)
     return layers + vocab_mats * m.vocab * m.hidden / plan.tp
 
@@ -43,9 +50,9 @@ def grad_bytes(plan: Plan):
     return jnp.where(dist_opt & (plan.precision_code != 3), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
 
 
-def state_bytes(m: ModelSpec, plan: Plan):
+def state_bytes(m: ModelSpec, plan: Plan, layers=None):
     """(weights, gradients, optimizer) bytes per GPU before any offload."""
-    p = local_params(m, plan)
+    p = local_params(m, plan, layers)
     n = zero_group(plan)
     wbytes = jnp.where(plan.precision_code == 3, 4.0, WEIGHT_BYTES)
     weights = p * wbytes / jnp.where(plan.zero >= 3, n, 1.0)
@@ -99,11 +106,13 @@ def inflight_microbatches(plan: Plan, n_micro):
     return base * (1.0 + (plan.pp - 1.0) / (plan.pp * plan.vp) * (plan.vp > 1))
 
 
-def activation_bytes(m: ModelSpec, plan: Plan, n_micro):
+def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=None):
+    """Activations the first (or a given) stage holds: ``layers`` layers times the micro-batches
+    in flight."""
     stored, working = layer_activation_bytes(m, plan)
-    chunks = plan.pp * plan.vp
-    layers = jnp.ceil(m.layers / chunks - 1e-6) * plan.vp
-    kept = stored * layers * inflight_microbatches(plan, n_micro)
+    layers = busiest_stage_layers(m, plan) if layers is None else layers
+    inflight = inflight_microbatches(plan, n_micro) if inflight is None else inflight
+    kept = stored * layers * inflight
     # Full recomputation rebuilds one layer's activations during its backward.
     return kept + jnp.where(plan.recompute_code == 2, working, 0.0)
 

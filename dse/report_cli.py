@@ -1,0 +1,41 @@
+"""``hetersim report`` as a plain function (registered in :mod:`dse.cli`).
+
+Bad input raises ``ValueError`` (the CLI prints it on one line and exits 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dse import format as fmt
+
+
+def report_command(path: Path, out: Path | None, json_out: bool, validation: bool = True) -> dict[str, Any]:
+    """Write the report of results dataset ``path`` into ``out`` (default: ``results/X.nc`` ->
+    ``results/X/``) and print where it went, the Pareto set's size and the model's error."""
+    from dse.report import build_report
+
+    report = build_report(path, out, validation=validation)
+    s = report.summary
+    if json_out:
+        print(fmt.dumps(s))
+        return s
+    con = fmt.console()
+    con.print(
+        f"[bold]{s['study']}[/bold]: {s['n_configs']:,} configurations, {s['n_feasible']:,} feasible, "
+        f"{len(s['pareto'])} in the Pareto set ({', '.join(s['objectives'])})"
+    )
+    v = s["validation"]
+    if v is not None:
+        con.print(
+            f"model error against {v['n_runs']} published runs: MAPE {v['mape_step_time_pct']:.1f} % "
+            f"({v['mape_step_time_pct_complete']:.1f} % over the {v['n_complete']} complete runs)"
+        )
+    elif s["validation_error"]:
+        con.print(f"validation could not run: {s['validation_error']}")
+    for note in s["notes"]:
+        con.print(f"note: {note}")
+    con.print(f"{len(s['figures'])} figures (PNG + SVG) -> {report.out_dir}")
+    con.print(f"wrote {report.index}")
+    return s

@@ -1,0 +1,381 @@
+"""Optimize studies: a sweep study plus a ``[search]`` table naming the *outer* variables.
+
+``hetersim optimize`` is bilevel: Optuna chooses the outer variables (which GPU, how many, values
+of continuous hardware parameters), and every layout of the study's plan axes (the *inner* space)
+is evaluated for each choice at once (:mod:`dse.inner`). This module reads and validates the
+file; the format is in ``studies/README.md`` ("Optimize studies"):
+
+.. code-block:: toml
+
+    [search]
+    gpu = ["h100-sxm-80gb", "h200-sxm-141gb", "b200"]   # categorical (replaces hardware.gpu)
+    n_gpus = {low = 64, high = 1024, step = 64}          # integer range or a list (replaces hardware.n_gpus)
+    hbm_bw_GBps = {low = 3000, high = 9600}              # continuous override of the chosen GPU's field
+    scaleout_bw_GBps = {low = 25, high = 100, step = 12.5}
+    max_power_kW = 900                                   # optional: n_gpus * tdp_W / 1000 at most this
+
+    [search.price]                                       # optional linear price model: USD per GPU-hour
+    hbm_bw_GBps = 0.0005                                 #   added per unit above the GPU's catalog value
+
+Without ``[search]`` the outer variables are ``hardware.gpu`` and ``hardware.n_gpus`` (and
+``model.key`` when it lists several models). Every problem is a one-line ``ValueError`` naming
+the file and key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dse import hw_params
+from dse.metrics import METRICS, constraint_metric
+from dse.study import Study, parse_study
+
+SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW")
+RANGE_KEYS = ("low", "high", "step", "log")
+MAX_GPU_COUNTS = 4096  # an n_gpus range expands to at most this many values
+
+Kind = Literal["categorical", "int", "float"]
+
+
+@dataclass(frozen=True)
+class OuterParam:
+    """One outer variable: ``choices`` (a list in the file) or a ``low..high`` range.
+
+    ``param`` is the hardware parameter a numeric override sets (None for ``gpu``, ``n_gpus``
+    and ``model``).
+    """
+
+    name: str
+    kind: Kind
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    param: hw_params.Param | None = None
+
+    @property
+    def discrete(self) -> bool:
+        return self.choices is not None or self.step is not None or self.kind == "int"
+
+    def grid(self) -> tuple[Any, ...]:
+        """Every value of a discrete variable, in order (``ValueError`` for a continuous one)."""
+        if self.choices is not None:
+            return self.choices
+        if not self.discrete:
+            raise ValueError(f"search.{self.name} is continuous; give it a step to enumerate it")
+        assert self.low is not None and self.high is not None
+        step = self.step or 1
+        n = int(math.floor((self.high - self.low) / step + 1e-9)) + 1
+        values = [self.low + i * step for i in range(n)]
+        return tuple(int(round(v)) for v in values) if self.kind == "int" else tuple(float(v) for v in values)
+
+    def describe(self) -> dict[str, Any]:
+        if self.choices is not None:
+            return {"choices": list(self.choices)}
+        out: dict[str, Any] = {"low": self.low, "high": self.high}
+        if self.step is not None:
+            out["step"] = self.step
+        if self.log:
+            out["log"] = True
+        if self.param is not None:
+            out["path"] = self.param.path
+        return out
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated optimize study.
+
+    ``study`` is the sweep study with ``hardware.gpu``/``hardware.n_gpus`` set to every outer
+    candidate (so ``"auto"`` plan axes cover them all); ``text`` is the file as written.
+    """
+
+    study: Study
+    text: str
+    origin: str
+    outer: tuple[OuterParam, ...]
+    price: dict[str, float] = field(default_factory=dict)  # outer name -> USD/GPU-h per unit
+    max_power_kW: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.study.name
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        return self.study.objectives
+
+    @property
+    def directions(self) -> list[str]:
+        return ["minimize" if METRICS[o].sense == "min" else "maximize" for o in self.objectives]
+
+    @property
+    def primary(self) -> str:
+        """The objective that ranks the layouts of one hardware choice (the first one).
+
+        For fixed hardware, time and cost to train, energy, tokens/s and MFU all rank layouts the
+        same way (each is a monotone function of the step time), so one ranking serves them all.
+        """
+        return self.objectives[0]
+
+    @property
+    def discrete(self) -> bool:
+        return all(p.discrete for p in self.outer)
+
+    @property
+    def outer_size(self) -> int | None:
+        """Points of the outer grid, or None when a variable is continuous."""
+        return math.prod(len(p.grid()) for p in self.outer) if self.discrete else None
+
+    def constraint_names(self) -> list[str]:
+        """Names of the constraints every trial reports (> 0 violates), in this order."""
+        names = ["layout", *self.study.constraints]
+        if self.max_power_kW is not None:
+            names.append("max_power_kW")
+        return names
+
+    def describe(self) -> dict[str, Any]:
+        out = {p.name: p.describe() for p in self.outer}
+        if self.price:
+            out["price"] = dict(self.price)
+        if self.max_power_kW is not None:
+            out["max_power_kW"] = self.max_power_kW
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_search(path: str | Path) -> SearchSpace:
+    """Read and validate an optimize study (a study file, with or without ``[search]``)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"study file {path}: not found") from None
+    except OSError as error:
+        raise ValueError(f"study file {path}: cannot read ({error.strerror})") from None
+    return parse_search(text, origin=str(path), base=path.parent)
+
+
+def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -> SearchSpace:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise _err(origin, None, f"invalid TOML: {error}") from None
+    search = doc.pop("search", {})
+    if not isinstance(search, dict):
+        raise _err(origin, "search", f"must be a table ([search]); got {search!r}")
+    hardware = doc.get("hardware")
+    if not isinstance(hardware, dict):
+        hardware = doc["hardware"] = {}  # parse_study reports what is missing
+
+    moved: dict[str, str] = {}
+    if "gpu" in search:
+        hardware["gpu"] = search["gpu"]
+        moved["hardware.gpu"] = "search.gpu"
+    n_range = None
+    if "n_gpus" in search:
+        n_range = _range(origin, "n_gpus", search["n_gpus"], integer=True)
+        if n_range is not None:
+            hardware["n_gpus"] = list(_param("n_gpus", "int", n_range).grid())
+            if len(hardware["n_gpus"]) > MAX_GPU_COUNTS:
+                raise _err(origin, "search.n_gpus", f"expands to more than {MAX_GPU_COUNTS} values; raise the step")
+        else:
+            hardware["n_gpus"] = search["n_gpus"]
+        moved["hardware.n_gpus"] = "search.n_gpus"
+    try:
+        study = parse_study(_toml_dumps(doc), origin=origin, base=base)
+    except ValueError as error:
+        message = str(error)
+        for old, new in moved.items():
+            message = message.replace(f": {old}:", f": {new}:")
+        raise ValueError(message) from None
+    study = _with_text(study, text)
+    if getattr(study, "clusters", None):
+        raise _err(origin, "hardware.cluster", "mixed clusters are not searched yet; list GPU kinds in search.gpu")
+
+    outer: list[OuterParam] = []
+    if len(study.axes["model"]) > 1:
+        outer.append(OuterParam("model", "categorical", choices=study.axes["model"]))
+    outer.append(OuterParam("gpu", "categorical", choices=study.axes["gpu"]))
+    if n_range is not None:
+        outer.append(_param("n_gpus", "int", n_range))
+    else:
+        outer.append(OuterParam("n_gpus", "int", choices=study.axes["n_gpus"]))
+
+    seen_paths: dict[str, str] = {}
+    for key, value in search.items():
+        if key in SEARCH_KEYS:
+            continue
+        try:
+            param = hw_params.resolve(key, what="search key")
+        except ValueError:
+            allowed = f"{', '.join(SEARCH_KEYS)} or a continuous hardware parameter ({', '.join(hw_params.ALIASES)})"
+            raise _err(origin, f"search.{key}", f"unknown key; allowed: {allowed}") from None
+        if param.path in seen_paths:
+            raise _err(origin, f"search.{key}", f"sets the same parameter as search.{seen_paths[param.path]}")
+        seen_paths[param.path] = key
+        if isinstance(value, list):
+            values = _numbers(origin, f"search.{key}", value)
+            outer.append(OuterParam(key, "float", choices=values, param=param))
+            continue
+        rng = _range(origin, key, value, integer=False)
+        if rng is None:
+            raise _err(origin, f"search.{key}", f"must be {{low = .., high = ..}} or a list of numbers; got {value!r}")
+        outer.append(_param(key, "float", rng, param))
+
+    price = _price(origin, search.get("price", {}), {p.name for p in outer if p.param is not None})
+    max_power = None
+    if "max_power_kW" in search:
+        max_power = _positive(origin, "search.max_power_kW", search["max_power_kW"])
+    _check_constraints(origin, study.constraints)
+    return SearchSpace(study=study, text=text, origin=origin, outer=tuple(outer), price=price, max_power_kW=max_power)
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces
+# --------------------------------------------------------------------------------------------
+
+
+def _err(origin: str, key: str | None, message: str) -> ValueError:
+    where = f"study file {origin}" if key is None else f"study file {origin}: {key}"
+    return ValueError(f"{where}: {message}")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _positive(origin: str, key: str, value: Any) -> float:
+    if not _is_number(value) or value <= 0:
+        raise _err(origin, key, f"must be a positive number; got {value!r}")
+    return float(value)
+
+
+def _numbers(origin: str, key: str, values: list[Any]) -> tuple[float, ...]:
+    if not values:
+        raise _err(origin, key, "empty list; give at least one value")
+    for v in values:
+        if not _is_number(v) or v <= 0:
+            raise _err(origin, key, f"must be positive numbers; got {v!r}")
+    if len(set(values)) != len(values):
+        raise _err(origin, key, "duplicate values")
+    return tuple(float(v) for v in values)
+
+
+def _range(origin: str, name: str, value: Any, integer: bool) -> dict[str, Any] | None:
+    """A ``{low, high, step, log}`` table, validated; None when ``value`` is not a table."""
+    if not isinstance(value, dict):
+        return None
+    key = f"search.{name}"
+    for k in value:
+        if k not in RANGE_KEYS:
+            raise _err(origin, f"{key}.{k}", f"unknown key; allowed: {', '.join(RANGE_KEYS)}")
+    for k in ("low", "high"):
+        if k not in value:
+            raise _err(origin, f"{key}.{k}", "missing")
+        v = value[k]
+        if not _is_number(v) or (integer and not isinstance(v, int)) or v <= 0:
+            kind = "a positive integer" if integer else "a positive number"
+            raise _err(origin, f"{key}.{k}", f"must be {kind}; got {v!r}")
+    low, high = value["low"], value["high"]
+    if low > high:
+        raise _err(origin, f"{key}", f"low ({low}) is above high ({high})")
+    step = value.get("step")
+    if step is not None:
+        if not _is_number(step) or step <= 0 or (integer and not isinstance(step, int)):
+            kind = "a positive integer" if integer else "a positive number"
+            raise _err(origin, f"{key}.step", f"must be {kind}; got {step!r}")
+        steps = (high - low) / step
+        if abs(steps - round(steps)) > 1e-9:
+            raise _err(origin, f"{key}.step", f"high - low ({high - low}) is not a multiple of the step ({step})")
+    log = value.get("log", False)
+    if not isinstance(log, bool):
+        raise _err(origin, f"{key}.log", f"must be true or false; got {log!r}")
+    if log and step is not None:
+        raise _err(origin, f"{key}.log", "cannot be combined with step")
+    return {"low": low, "high": high, "step": step, "log": log}
+
+
+def _param(name: str, kind: Kind, rng: Mapping[str, Any], param: hw_params.Param | None = None) -> OuterParam:
+    return OuterParam(name, kind, low=rng["low"], high=rng["high"], step=rng["step"], log=rng["log"], param=param)
+
+
+def _price(origin: str, table: Any, overrides: set[str]) -> dict[str, float]:
+    if not isinstance(table, dict):
+        raise _err(origin, "search.price", f"must be a table ([search.price]); got {table!r}")
+    out = {}
+    for key, value in table.items():
+        if key not in overrides:
+            searched = ", ".join(sorted(overrides)) or "none"
+            raise _err(origin, f"search.price.{key}", f"prices only searched hardware parameters ({searched})")
+        if not _is_number(value):
+            raise _err(origin, f"search.price.{key}", f"must be a number (USD per GPU-hour per unit); got {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def _check_constraints(origin: str, constraints: Mapping[str, float]) -> None:
+    """``min_X`` above ``max_X`` can never hold: a one-line error rather than an empty search."""
+    for key, low in constraints.items():
+        found = constraint_metric(key)
+        if found is None or found[1] != "min":
+            continue
+        high = constraints.get(f"max_{found[0]}")
+        if high is not None and low > high:
+            raise _err(
+                origin,
+                f"constraints.{key}",
+                f"{low} is above constraints.max_{found[0]} ({high}); no configuration can meet both",
+            )
+
+
+def _with_text(study: Study, text: str) -> Study:
+    return dataclasses.replace(study, text=text)
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _toml_dumps(doc: Mapping[str, Any], prefix: str = "") -> str:
+    """TOML text of a parsed study document (the subset study files use: scalars, lists, tables)."""
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for key, table in doc.items():
+        if isinstance(table, dict):
+            name = f"{prefix}{_toml_key(key)}"
+            lines.append(f"\n[{name}]")
+            lines.append(_toml_dumps(table, prefix=f"{name}."))
+    return "\n".join(lines)
+
+
+__all__ = ["OuterParam", "SearchSpace", "load_search", "parse_search"]

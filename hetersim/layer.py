@@ -1,0 +1,81 @@
+"""Per-layer, per-micro-batch costs of one transformer layer on one device kind.
+
+``simulate`` composes these into a stage and a step for a homogeneous cluster; ``cluster``
+composes them per device group for mixed clusters. All times are seconds on one GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from .pytree import spec
+from .specs import Calibration, ModelSpec, Plan, SystemSpec
+from .terms import comm, compute
+from .terms._safe import pos
+
+
+@spec
+class LayerCosts:
+    layer_f: Any  # forward compute of one layer (GEMMs, attention, element-wise)
+    layer_b: Any  # backward compute of one layer
+    recomp: Any  # recomputation added to one layer's backward
+    tp_f: Any  # exposed tensor-parallel communication, forward
+    tp_b: Any  # exposed tensor-parallel communication, backward
+    cp_f: Any  # exposed context-parallel communication, forward
+    cp_b: Any  # exposed context-parallel communication, backward
+    head: Any  # LM head, loss and embedding (forward + backward) on the stage that holds them
+
+
+def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> LayerCosts:
+    dev, net = system.device, system.network
+    s_tp, s_cp, _, _ = comm.strides(plan)
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    act = compute.act_bytes(plan)
+
+    gemm_f = compute.layer_gemm_fwd_s(dev, cal, model, plan)
+    gemm_b = compute.layer_gemm_bwd_s(dev, cal, model, plan)
+    attn_f = compute.attention_fwd_s(dev, cal, model, plan)
+    attn_b = compute.attention_bwd_s(dev, cal, model, plan)
+    ew_f = compute.layer_elementwise_fwd_s(dev, cal, model, plan)
+    ew_b = compute.layer_elementwise_bwd_s(dev, cal, model, plan)
+    act_fn_s = compute.activation_fn_s(dev, cal, model, plan)
+    layer_f = gemm_f + attn_f + ew_f
+    layer_b = gemm_b + attn_b + ew_b
+
+    # Tensor parallel: per layer 2 all-gathers + 2 reduce-scatters with SP (2 all-reduces
+    # without) of the b*s*h activation in the forward, the same again in the backward.
+    tp_bytes = T * model.hidden * act
+    tp_pass = 2.0 * comm.all_reduce_s(net, plan.tp, s_tp, tp_bytes, 1.0)
+    # Forward: the collectives sit between dependent GEMMs; a fraction ``tp_overlap`` is hidden
+    # where the stack splits GEMMs to overlap them (Transformer Engine's userbuffers).
+    # Backward: Megatron overlaps the input all-gather and the gradient reduce-scatter
+    # (all-reduce without SP) with the weight-gradient GEMMs, which do not depend on them
+    # (Korthikanti et al. 2022 §4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication).
+    tp_f = jnp.where(plan.tp > 1, (1.0 - cal.tp_overlap) * tp_pass, 0.0)
+    tp_b = jnp.where(plan.tp > 1, pos(tp_pass - 0.5 * gemm_b), 0.0)
+
+    # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
+    # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
+    kv_bytes = 2.0 * T * model.hidden * model.kv_heads / model.heads / plan.tp * act
+    ring_step = comm.p2p_s(net, s_cp, kv_bytes)
+    cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
+    cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)
+
+    # Recomputation during the backward: the whole forward (full) or the attention core and the
+    # activation function (selective).
+    rc = plan.recompute_code
+    recomp = jnp.where(rc == 2, layer_f + tp_f + cp_f, jnp.where(rc == 1, attn_f + act_fn_s, 0.0))
+    head = compute.head_s(dev, cal, model, plan)
+    return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head)
+
+
+def p2p_chunk_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration):
+    """Exposed pipeline point-to-point time per micro-batch and stage: the activation forward
+    and its gradient backward, once per model chunk."""
+    _, _, _, s_pp = comm.strides(plan)
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    nbytes = T * model.hidden * compute.act_bytes(plan) / jnp.where(plan.sp > 0, plan.tp, 1.0)
+    p2p = 2.0 * plan.vp * comm.p2p_s(system.network, s_pp, nbytes)
+    return jnp.where(plan.pp > 1, (1.0 - cal.pp_overlap) * p2p, 0.0)

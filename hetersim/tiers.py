@@ -1,0 +1,260 @@
+"""Memory tiers of a node, host side: catalog memory devices and options -> :class:`HostSpec`.
+
+A node's GPUs reach three tiers beyond their HBM (``hetersim.types.TIER``):
+
+* **host DRAM**, over each GPU's own host link (PCIe or NVLink-C2C), through the root ports the
+  node's GPUs share, into the DRAM channels of the sockets;
+* **CXL Type-3 expanders** attached to the host (``--cxl-expander micron-cz120:2``): the same GPU
+  path into the host, then the expanders' own CXL links and media;
+* **a CXL memory pool** behind a CXL switch, shared by several hosts
+  (``--cxl-pool samsung-cmm-b-pool:4hosts[:LEVELS]``): the host's switch port, one or more switch
+  levels (each adds a hop of latency) and the pool's bandwidth and capacity, both shared by the
+  hosts that use it.
+
+``--cxl-p2p`` is the CXL 3.x what-if: GPUs reach the CXL tiers peer-to-peer through the fabric,
+so the host's root ports and its switch port drop out of the path.
+
+This module turns those options into the fixed-size tier arrays of :class:`HostSpec`; the
+traced cost of moving state over them is :mod:`hetersim.terms.offload`. Nothing here is traced:
+bad input is a one-line ``ValueError`` (unknown device, a device of the wrong kind, a count or
+capacity that is not positive, an offload to a tier the node lacks).
+
+Measured figures this module uses, all from ``hetersim/data/offload_components.csv``:
+
+* pinned H2D copy, one GPU, PCIe 5: 51.77 GiB/s from local DRAM, 49.81 GiB/s from a CXL card
+  (the CXL card's longer latency, see ``offload.DMA_WINDOW_NS``); two GPUs sharing the card get
+  24.87 GiB/s each (its bandwidth, split);
+* D2H into the CXL card: 34.66 GiB/s against 49.81 GiB/s H2D (``CXL_WRITE_EFF``); into local
+  DRAM 51.69 against 51.77 (``DRAM_WRITE_EFF``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .pytree import as_arrays
+from .specs import HostSpec
+from .types import N_TIERS, TIER
+
+HOST_DRAM, CXL_EXPANDER, CXL_POOL = 1, 2, 3
+
+# Write / read bandwidth of the devices. Measured with pinned cudaMemcpyAsync, one GPU,
+# 2 GiB transfers (github DandinPower/numa-gpu-xfer-bench, offload_components.csv):
+DRAM_WRITE_EFF = 51.69 / 51.77  # D2H / H2D, local DRAM
+CXL_WRITE_EFF = 34.66 / 49.81  # D2H / H2D, one CXL add-in card; assumed for pools built of CXL modules
+
+DEFAULT_DRAM_CHANNEL = "ddr5-4800-channel"
+DEFAULT_DRAM_CHANNELS = 16  # estimate: two sockets of 8 DDR5 channels (the DGX H100 host)
+CXL2_SWITCH, CXL3_SWITCH = "cxl2-switch", "cxl3-switch"
+
+_EXPANDER_RE = re.compile(r"^(?P<device>[^:]+):(?P<count>[^:]+)$")
+_POOL_RE = re.compile(r"^(?P<device>[^:]+):(?P<hosts>[^:]+?)(?:hosts?)?(?::(?P<levels>[^:]+?)(?:levels?)?)?$")
+
+
+# --------------------------------------------------------------------------------------------
+# Option parsing
+# --------------------------------------------------------------------------------------------
+
+
+def _count(what: str, text: str, given: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{what} must be a positive integer; got {given!r}") from None
+    if value <= 0:
+        raise ValueError(f"{what} must be a positive integer; got {given!r}")
+    return value
+
+
+def parse_expander(text: str) -> tuple[str, int]:
+    """``"micron-cz120:2"`` -> ``("micron-cz120", 2)``: CXL expanders per node."""
+    m = _EXPANDER_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"--cxl-expander expects DEVICE:COUNT (e.g. micron-cz120:2); got {text!r}")
+    return m["device"].strip(), _count("--cxl-expander COUNT", m["count"].strip(), text)
+
+
+def parse_pool(text: str) -> tuple[str, int, int]:
+    """``"cmm-b:4hosts"`` or ``"cmm-b:4hosts:2"`` -> ``(device, hosts, switch levels)``."""
+    m = _POOL_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"--cxl-pool expects DEVICE:NHOSTS[:LEVELS] (e.g. samsung-cmm-b-pool:4hosts); got {text!r}")
+    hosts = _count("--cxl-pool NHOSTS", m["hosts"].strip(), text)
+    levels = _count("--cxl-pool LEVELS", m["levels"].strip(), text) if m["levels"] else 1
+    return m["device"].strip(), hosts, levels
+
+
+def resolve_device(memory: Mapping[str, Mapping[str, Any]], name: str, kind: str, flag: str) -> str:
+    """The memory-catalog key ``name`` stands for: the key itself, or the one key of that kind
+    that contains it as whole dash-separated words (``cmm-b`` -> ``samsung-cmm-b-pool``)."""
+    of_kind = sorted(k for k, e in memory.items() if e.get("kind") == kind)
+    if name in memory:
+        if memory[name].get("kind") != kind:
+            raise ValueError(
+                f"{flag}: {name!r} is a {memory[name].get('kind')}, not a {kind}; known: {', '.join(of_kind)}"
+            )
+        return name
+    words = re.compile(rf"(^|-){re.escape(name)}(-|$)")
+    hits = [k for k in of_kind if words.search(k)]
+    if len(hits) == 1:
+        return hits[0]
+    what = "ambiguous" if hits else "unknown"
+    raise ValueError(f"{flag}: {what} {kind} {name!r}; known: {', '.join(of_kind)}")
+
+
+@functools.cache
+def _packaged_memory() -> dict[str, dict[str, Any]]:
+    from .catalog import load_catalog
+
+    return load_catalog().memory
+
+
+# --------------------------------------------------------------------------------------------
+# HostSpec
+# --------------------------------------------------------------------------------------------
+
+
+def _link_bw(links: Mapping[str, Mapping[str, Any]], key: str) -> float:
+    """Achievable bandwidth of a link: nominal times its measured copy efficiency."""
+    link = links[key]
+    return float(link["bw_GBps"]) * float(link["busbw_eff"])
+
+
+def _device_bw(device: Mapping[str, Any], links: Mapping[str, Mapping[str, Any]]) -> float:
+    """A CXL device's streaming bandwidth: its media, capped by its own CXL link where known."""
+    bw = float(device["bw_GBps"])
+    if device.get("link"):
+        bw = min(bw, _link_bw(links, device["link"]))
+    return bw
+
+
+def _with_bw(device: Mapping[str, Any], gpu: Mapping[str, Any], field: str) -> Mapping[str, Any]:
+    """The device, with the GPU entry's what-if bandwidth ``field`` in place of its own (the media
+    bandwidth; its link still caps it)."""
+    if gpu.get(field) is None:
+        return device
+    return {**device, "bw_GBps": _positive(field, float(gpu[field]))}
+
+
+def _positive(what: str, value: float) -> float:
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be positive; got {value!r}")
+    return value
+
+
+def host_spec(
+    gpu: Mapping[str, Any],
+    links: Mapping[str, Mapping[str, Any]],
+    memory: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    cxl_expander: str | None = None,
+    cxl_pool: str | None = None,
+    cxl_p2p: bool | None = None,
+) -> HostSpec:
+    """The node's host side and memory tiers from a GPU catalog entry and CXL options.
+
+    ``cxl_expander``/``cxl_pool``/``cxl_p2p`` default to the entry's optional fields of the same
+    names (so a study can set them with ``[hardware.set]``); ``memory`` defaults to the packaged
+    catalog's memory devices.
+    """
+    memory = _packaged_memory() if memory is None else memory
+    cxl_expander = cxl_expander if cxl_expander is not None else gpu.get("cxl_expander")
+    cxl_pool = cxl_pool if cxl_pool is not None else gpu.get("cxl_pool")
+    cxl_p2p = bool(cxl_p2p if cxl_p2p is not None else gpu.get("cxl_p2p", False))
+    n_gpus = float(gpu.get("gpus_per_node", 8))
+
+    present = np.zeros(N_TIERS)
+    cap = np.zeros(N_TIERS)
+    path = np.ones(N_TIERS)
+    node = np.ones(N_TIERS)
+    shared = np.zeros(N_TIERS)
+    hosts = np.ones(N_TIERS)
+    write = np.ones(N_TIERS)
+    cpu = np.ones(N_TIERS)
+    lat = np.zeros(N_TIERS)
+    present[0] = 1.0
+
+    # Host DRAM: each GPU's own host link; the node's GPUs share the upstream links of their PCIe
+    # switches (gpus_per_host_link GPUs each) and the DRAM channels, unless a measured aggregate
+    # (host_path_GBps) is known.
+    gpu_link = _link_bw(links, gpu["host_link"])
+    channel_key = gpu.get("host_dram_channel", DEFAULT_DRAM_CHANNEL)
+    channel = memory.get(channel_key)
+    if channel is None or channel.get("kind") != "dram":
+        known = ", ".join(sorted(k for k, e in memory.items() if e.get("kind") == "dram"))
+        raise ValueError(f"host_dram_channel: unknown dram device {channel_key!r}; known: {known}")
+    dram_bw = float(gpu.get("host_dram_channels", DEFAULT_DRAM_CHANNELS)) * float(channel["bw_GBps"])
+    per_uplink = float(gpu.get("gpus_per_host_link", 1))
+    shared_uplinks = n_gpus / per_uplink * gpu_link if per_uplink > 1 else dram_bw
+    host_path = float(gpu.get("host_path_GBps", min(shared_uplinks, dram_bw)))
+    present[HOST_DRAM] = 1.0
+    cap[HOST_DRAM] = _positive("host_dram_GiB", float(gpu.get("host_dram_GiB", 1024.0)))
+    path[HOST_DRAM] = gpu_link
+    node[HOST_DRAM] = host_path
+    write[HOST_DRAM] = DRAM_WRITE_EFF
+    cpu[HOST_DRAM] = dram_bw
+    lat[HOST_DRAM] = float(channel["latency_ns"])
+
+    if cxl_expander:
+        key, count = parse_expander(cxl_expander)
+        dev = _with_bw(memory[resolve_device(memory, key, "cxl-expander", "--cxl-expander")], gpu, "cxl_expander_GBps")
+        bw = count * _device_bw(dev, links)
+        present[CXL_EXPANDER] = 1.0
+        cap[CXL_EXPANDER] = _positive(f"--cxl-expander {key} capacity_GiB", count * float(dev["capacity_GiB"]))
+        path[CXL_EXPANDER] = gpu_link
+        node[CXL_EXPANDER] = bw if cxl_p2p else min(host_path, bw)
+        write[CXL_EXPANDER] = CXL_WRITE_EFF
+        cpu[CXL_EXPANDER] = bw
+        lat[CXL_EXPANDER] = float(dev["latency_ns"])
+
+    if cxl_pool:
+        key, n_hosts, levels = parse_pool(cxl_pool)
+        dev = _with_bw(memory[resolve_device(memory, key, "cxl-pool", "--cxl-pool")], gpu, "cxl_pool_GBps")
+        # CXL 2.0 switches have one level; several levels (and peer-to-peer GPU access) are CXL 3.x.
+        switch = memory[CXL3_SWITCH if (levels > 1 or cxl_p2p) else CXL2_SWITCH]
+        port = _link_bw(links, switch["link"]) if switch.get("link") else float(switch["bw_GBps"])
+        present[CXL_POOL] = 1.0
+        cap[CXL_POOL] = _positive(f"--cxl-pool {key} capacity_GiB", float(dev["capacity_GiB"]))
+        path[CXL_POOL] = gpu_link
+        # Peer-to-peer every GPU has its own fabric port; through the host, the node has one.
+        node[CXL_POOL] = n_gpus * gpu_link if cxl_p2p else min(host_path, port)
+        shared[CXL_POOL] = _device_bw(dev, links)
+        hosts[CXL_POOL] = float(n_hosts)
+        write[CXL_POOL] = CXL_WRITE_EFF
+        cpu[CXL_POOL] = port
+        # The pool's latency is measured through its own switch; every further level adds a hop.
+        lat[CXL_POOL] = float(dev["latency_ns"]) + (levels - 1) * float(switch["latency_ns"])
+
+    return as_arrays(
+        HostSpec(
+            gpus_per_node=n_gpus,
+            tier_present=present,
+            tier_capacity_GiB=cap,
+            tier_path_GBps=path,
+            tier_latency_ns=lat,
+            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
+            tier_node_GBps=node,
+            tier_shared_GBps=shared,
+            tier_hosts=hosts,
+            tier_write_eff=write,
+            tier_cpu_GBps=cpu,
+        )
+    )
+
+
+_ADD_TIER = {"cxl-expander": "--cxl-expander DEVICE:COUNT", "cxl-pool": "--cxl-pool DEVICE:NHOSTS"}
+
+
+def check_offload(host: HostSpec, offload: Mapping[str, str]) -> None:
+    """Reject an offload to a tier this node does not have (the CLI edge; inside the model the
+    same case is the ``TIER_MISSING`` flag). States and tiers are already valid names."""
+    present = np.asarray(host.tier_present)
+    for state, tier in offload.items():
+        if tier in TIER and present[TIER.index(tier)] <= 0:
+            add = f" (add {_ADD_TIER[tier]})" if tier in _ADD_TIER else ""
+            raise ValueError(f"--offload {state}:{tier}: this node has no {tier} tier{add}")

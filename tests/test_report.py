@@ -1,0 +1,320 @@
+"""Pareto sorting and hypervolume against brute force and hand-computed cases; the report on a
+tiny sweep (files, offline HTML that headless Chromium renders without console messages);
+bad input as one-line ``ValueError``s."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dse import sweep
+from dse.pareto import hypervolume, pareto_front, pareto_mask
+from dse.report import build_report, open_results, write_report
+from dse.report_cli import report_command
+
+# --------------------------------------------------------------------------------------------
+# Non-dominated sorting
+# --------------------------------------------------------------------------------------------
+
+
+def brute_mask(values: np.ndarray, senses=None) -> np.ndarray:
+    """The definition over all pairs: no other row at least as good everywhere and better somewhere."""
+    v = np.asarray(values, dtype=float)
+    if senses is not None:
+        v = v * np.array([-1.0 if s == "max" else 1.0 for s in senses])
+    ok = ~np.isnan(v).any(axis=1)
+    # beats[i, j]: row j dominates row i (a comparison with NaN is False, so NaN rows beat nothing)
+    beats = (v[None, :, :] <= v[:, None, :]).all(axis=2) & (v[None, :, :] < v[:, None, :]).any(axis=2)
+    return ok & ~beats.any(axis=1)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_pareto_mask_equals_brute_force_with_ties_and_duplicates(k):
+    rng = np.random.default_rng(k)
+    for trial in range(120):
+        n = int(rng.integers(0, 70))
+        levels = int(rng.integers(2, 8))  # few levels: many ties and exact duplicates
+        v = rng.integers(0, levels, size=(n, k)).astype(float)
+        if n and trial % 4 == 0:
+            v[rng.random((n, k)) < 0.05] = np.inf
+        if n and trial % 5 == 0:
+            v[rng.integers(0, n), rng.integers(0, k)] = np.nan
+        if n > 3 and trial % 3 == 0:
+            v[: n // 3] = v[n // 3 : 2 * (n // 3)]  # blocks of duplicated rows
+        senses = tuple(rng.choice(["min", "max"], size=k))
+        np.testing.assert_array_equal(pareto_mask(v), brute_mask(v), err_msg=f"k={k} trial={trial}")
+        np.testing.assert_array_equal(pareto_mask(v, senses), brute_mask(v, senses), err_msg=f"{senses}")
+
+
+def test_pareto_continuous_random_against_brute_force():
+    rng = np.random.default_rng(7)
+    for k in (2, 3):
+        v = rng.random((400, k))
+        np.testing.assert_array_equal(pareto_mask(v), brute_mask(v))
+
+
+def test_pareto_hand_cases():
+    # Duplicates on the front are all kept; a tie in one objective with a worse other is dominated.
+    v = np.array([[1, 3], [1, 3], [2, 2], [2, 3], [3, 1], [3, 1], [4, 1]], dtype=float)
+    assert pareto_mask(v).tolist() == [True, True, True, False, True, True, False]
+    # Maximizing the second objective turns the order around.
+    assert pareto_mask(v, ["min", "max"]).tolist() == [True, True, False, False, False, False, False]
+    # 3-D: (1,1,1) dominates (1,1,2) and (2,2,2); (0,5,5) and (5,0,5) are incomparable to it.
+    w = np.array([[1, 1, 2], [2, 2, 2], [1, 1, 1], [0, 5, 5], [5, 0, 5], [1, 1, 1]], dtype=float)
+    assert pareto_mask(w).tolist() == [False, False, True, True, True, True]
+    assert pareto_front(v).tolist() == [0, 1, 2, 4, 5]
+    assert pareto_mask(np.zeros((0, 3))).shape == (0,)
+
+
+def test_pareto_rejects_bad_shapes_and_senses():
+    with pytest.raises(ValueError, match="senses"):
+        pareto_mask(np.ones((3, 2)), ["min"])
+    with pytest.raises(ValueError, match="'min' or 'max'"):
+        pareto_mask(np.ones((3, 2)), ["min", "best"])
+    with pytest.raises(ValueError, match=r"\(n, k\)"):
+        pareto_mask(np.ones((2, 2, 2)))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_million_points(k):
+    """Runs to completion (speed is measured elsewhere, never asserted)."""
+    v = np.random.default_rng(0).random((1_000_000, k))
+    mask = pareto_mask(v)
+    assert 0 < mask.sum() < 10_000
+    for j in range(k):
+        assert mask[np.argmin(v[:, j])]  # each objective's best row is on the front
+    front = v[mask]
+    pick = np.random.default_rng(1).choice(len(v), 3000, replace=False)
+    dominates = (front[:, None, :] <= v[pick][None]).all(axis=2) & (front[:, None, :] < v[pick][None]).any(axis=2)
+    np.testing.assert_array_equal(dominates.any(axis=0), ~mask[pick])
+
+
+# --------------------------------------------------------------------------------------------
+# Hypervolume
+# --------------------------------------------------------------------------------------------
+
+
+def test_hypervolume_hand_cases():
+    # Two boxes [1,3]x[2,3] and [2,3]x[1,3] overlap in [2,3]x[2,3]: 2 + 2 - 1.
+    assert hypervolume([[1, 2], [2, 1]], [3, 3]) == pytest.approx(3.0)
+    # Dominated points, duplicates and points outside the reference box add nothing.
+    assert hypervolume([[1, 2], [2, 1], [2, 1], [2, 2], [5, 0], [3, 0]], [3, 3]) == pytest.approx(3.0)
+    assert hypervolume([[4, 4]], [3, 3]) == 0.0
+    assert hypervolume(np.zeros((0, 2)), [1, 1]) == 0.0
+    # One point: a box.
+    assert hypervolume([[0, 0, 0]], [1, 2, 3]) == pytest.approx(6.0)
+    # Two 3-D boxes 2x2x1 and 1x1x2 overlapping in a unit cube: 4 + 2 - 1.
+    assert hypervolume([[0, 0, 1], [1, 1, 0]], [2, 2, 2]) == pytest.approx(5.0)
+    # Three points on the plane x+y+z = 1 with the reference at (1,1,1): 3 unit-ish boxes.
+    pts = [[0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]]
+    # Each box is 1 x 0.5 x 0.5 = 0.25; pairwise overlaps 0.5^3 = 0.125 each; triple 0.125.
+    assert hypervolume(pts, [1, 1, 1]) == pytest.approx(3 * 0.25 - 3 * 0.125 + 0.125)
+    # Maximization: the reference is a lower bound.
+    assert hypervolume([[3, 2]], [1, 1], senses=["max", "max"]) == pytest.approx(2.0)
+    # Min x, max y: [1,3]x[0,2] and [2,3]x[0,3] overlap in [2,3]x[0,2]: 4 + 3 - 2.
+    assert hypervolume([[1, 2], [2, 3]], [3, 0], senses=["min", "max"]) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_hypervolume_counts_unit_cells(k):
+    """On integer points the volume is the number of dominated unit cells inside the box."""
+    rng = np.random.default_rng(k)
+    ref = np.full(k, 6.0)
+    for _ in range(25):
+        pts = rng.integers(0, 7, size=(int(rng.integers(1, 12)), k)).astype(float)
+        cells = np.array(list(itertools.product(range(6), repeat=k)), dtype=float)
+        covered = (pts[None, :, :] <= cells[:, None, :]).all(axis=2).any(axis=1)
+        assert hypervolume(pts, ref) == pytest.approx(float(covered.sum()))
+
+
+def test_hypervolume_rejects_bad_input():
+    with pytest.raises(ValueError, match="2 or 3 objectives"):
+        hypervolume(np.ones((2, 4)), np.zeros(4))
+    with pytest.raises(ValueError, match="one value per objective"):
+        hypervolume(np.ones((2, 2)), np.zeros(3))
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+
+TINY = """\
+name = "tiny_report"
+description = "two GPUs, two sizes, a handful of layouts"
+objectives = ["time_to_train_s", "cost_usd"]
+
+[model]
+key = "llama2-7b"
+
+[hardware]
+gpu = ["h100-sxm-80gb", "a100-sxm-80gb"]
+n_gpus = [8, 16]
+
+[plan]
+tp = [1, 2, 4]
+pp = [1, 2]
+micro_batch = [1, 2]
+zero = [0, 1]
+recompute = ["none", "full"]
+global_batch = 64
+seq_len = 2048
+train_tokens = 1.0e11
+
+[constraints]
+max_hbm_frac = 0.9
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_nc(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("report")
+    study = tmp / "tiny_report.toml"
+    study.write_text(TINY)
+    return sweep.run_sweep(study, tmp, chunk=256, progress=False)
+
+
+@pytest.fixture(scope="module")
+def report(tiny_nc):
+    """The report of the tiny sweep, with the validation run, in the default folder."""
+    return build_report(tiny_nc)
+
+
+def test_report_writes_page_and_figures(tiny_nc, report):
+    out = tiny_nc.with_suffix("")
+    assert report.index == out / "index.html" and report.index.is_file()
+    expected = {"front_cost", "front_energy", "breakdown", "memory"}
+    assert expected <= set(report.figures)
+    assert any(name.startswith("heatmap_") for name in report.figures)
+    for paths in report.figures.values():
+        assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert paths["png"].stat().st_size > 2000
+        svg = paths["svg"].read_text()
+        assert "<svg" in svg and len(svg) > 2000
+    page = report.index.read_text()
+    for text in ("tiny_report", "Pareto fronts", "The Pareto set", "Step-time breakdown", "Memory per GPU",
+                 "Best objective over two study axes", "Sensitivities: not available", "MAPE", "Study file",
+                 "Versions and calibration"):  # fmt: skip
+        assert text in page, text
+    # Offline: every image is embedded, every link points at a file written beside the page.
+    assert re.findall(r'<img src="(?!data:image/png;base64,)', page) == []
+    for href in re.findall(r'href="([^"]+)"', page):
+        assert href.startswith("data:") or (out / href).is_file(), href
+    assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page
+    s = report.summary
+    assert s["n_feasible"] > 0 and len(s["pareto"]) >= 1
+    assert s["validation"]["n_runs"] > 0 and s["validation"]["mape_step_time_pct"] > 0
+    total = sum(p.stat().st_size for p in out.iterdir())
+    assert total < 2_000_000
+
+
+def test_pareto_table_is_the_front_of_the_feasible_set(tiny_nc, report):
+    with xr.open_dataset(tiny_nc) as ds:
+        ok = ds["feasible"].values == 1
+        v = np.stack([ds["time_to_train_s"].values, ds["cost_usd"].values], axis=1)
+    expected = np.flatnonzero(ok)[brute_mask(v[ok])]
+    assert sorted(row["config"] for row in report.summary["pareto"]) == sorted(expected.tolist())
+    row = report.summary["pareto"][0]
+    assert row["gpu"] in ("h100-sxm-80gb", "a100-sxm-80gb") and row["recompute"] in ("none", "full")
+    assert {"tp", "pp", "dp", "step_time_s", "compute_s", "hbm_used_GiB", "energy_kWh"} <= set(row)
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium binary on PATH (the CI script installs it)")
+def test_page_renders_in_headless_chromium(report, tmp_path):
+    from PIL import Image
+
+    shot = tmp_path / "shot.png"
+    cmd = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1200,900",
+        report.index.resolve().as_uri(),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    with Image.open(shot) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is None or len(colours) > 1  # None: more colours than the limit
+
+
+def test_report_of_optimize_style_results_with_elasticities_and_missing_parts(tiny_nc, tmp_path, capsys):
+    """Records along ``trial`` (as ``hetersim optimize`` writes them), elasticity variables, and
+    a memory part and a step-time term missing: the page shows what it can and says what not."""
+    with xr.open_dataset(tiny_nc) as ds:
+        ds = ds.load()
+    n = ds.sizes["config"]
+    ds["elasticity_step_time_s_hbm_bw_GBps"] = ("config", np.linspace(-0.4, -0.1, n, dtype=np.float32))
+    ds["elasticity_step_time_s_peak_tflops"] = ("config", np.full(n, -0.7, np.float32))
+    ds = ds.drop_vars(["activations_GiB", "bubble_s"]).rename({"config": "trial"})
+    ds.attrs["constraints"] = "max_hbm_frac"  # optimize results name their constraints, not as JSON
+    path = tmp_path / "changed.nc"
+    ds.to_netcdf(path)
+    summary = report_command(path, tmp_path / "rep", json_out=True, validation=False)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["index"] == summary["index"] == str(tmp_path / "rep" / "index.html")
+    assert "sensitivity" in printed["figures"] and "front_cost" in printed["figures"]
+    assert printed["validation"] is None and len(printed["pareto"]) >= 1
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "step_time_s_hbm_bw_GBps" in page and "Sensitivities: not available" not in page
+    assert "activations_GiB" in page and "bubble_s" in page  # the page says what it could not show
+    assert any("activations_GiB" in note for note in printed["notes"])
+
+
+def test_report_without_feasible_configurations(tiny_nc, tmp_path):
+    with xr.open_dataset(tiny_nc) as ds:
+        ds = ds.load()
+    ds["feasible"][:] = 0
+    path = tmp_path / "none.nc"
+    ds.to_netcdf(path)
+    index = write_report(path, tmp_path / "none", validation=False)
+    page = index.read_text()
+    assert "No feasible configuration" in page
+
+
+def test_bad_input_is_one_line_value_error(tiny_nc, tmp_path):
+    text = tmp_path / "notes.nc"
+    text.write_text("not a netCDF file\n")
+    cases = [
+        (tmp_path / "missing.nc", "no such results file"),
+        (text, "not a netCDF results dataset"),
+    ]
+    plain = tmp_path / "plain.nc"
+    xr.Dataset({"x": ("row", np.arange(3.0))}).to_netcdf(plain)
+    cases.append((plain, "no 'config' or 'trial' dimension"))
+    with xr.open_dataset(tiny_nc) as ds:
+        ds.load().drop_vars("cost_usd").to_netcdf(tmp_path / "nocost.nc")
+    cases.append((tmp_path / "nocost.nc", "lacks variable.*cost_usd"))
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message) as info:
+            write_report(path, tmp_path / "out", validation=False)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="lacks variable"):
+        open_results(tmp_path / "nocost.nc")
