@@ -496,7 +496,7 @@ def calibrate_cmd(
 def sweep_cmd(
     study: Path | None = typer.Argument(None, help="Study TOML [default: the packaged default study]."),
     out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
-    chunk: int = typer.Option(65536, "--chunk", help="Configurations per compiled batch."),
+    chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
     scheduler: str | None = typer.Option(None, "--scheduler", help="Dask scheduler address (tcp://host:8786)."),
     workers: int = typer.Option(0, "--workers", help="Start a local Dask cluster with N workers."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -514,7 +514,7 @@ def sweep_cmd(
 @user_errors
 def bench_cmd(
     configs: int = typer.Option(1_000_000, "--configs", help="Configurations to evaluate."),
-    chunk: int = typer.Option(65536, "--chunk", help="Configurations per compiled batch."),
+    chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the figures as JSON to this file."),
 ) -> None:
     """Measure configurations per second, compile time and peak memory of the vectorized model."""

@@ -42,7 +42,7 @@ from hetersim.simulate import simulate
 from hetersim.specs import Calibration, ModelSpec, Plan, SystemSpec
 from hetersim.types import Infeasible
 
-DEFAULT_CHUNK = 65536
+DEFAULT_CHUNK = 16384  # fastest measured on the 2-core CPU (benchmarks/bench_sweep.py)
 COMPRESSION_LEVEL = 1  # zlib: level 1 writes ~2x faster than 4 for files a few % larger
 MAX_CONFIGS = 2**31 - 1  # configurations are indexed by int32 inside the compiled function
 

@@ -397,3 +397,13 @@ def test_run_bench_reports_its_figures():
     assert result["n_configs"] == 3000
     assert result["configs_per_s"] > 0 and result["one_at_a_time_configs_per_s"] > 0
     assert result["peak_rss_MiB"] > 0
+
+
+def test_cli_chunk_default_matches_the_engine():
+    import inspect
+
+    from dse import cli
+    from dse.sweep import DEFAULT_CHUNK
+
+    for command in (cli.sweep_cmd, cli.bench_cmd):
+        assert inspect.signature(command).parameters["chunk"].default.default == DEFAULT_CHUNK
