@@ -132,6 +132,10 @@ def _group_sims(model, cluster, plan, cal, models):
 
 def _pipeline(model, cluster, plan, cal, stages, lc, cost, p2p):
     present = stages > 0
+    # Activations cross from one kind to the next over the link both groups share: price every
+    # stage's point-to-point at the slowest group's rate (exact for the stages at a boundary,
+    # conservative inside a group).
+    p2p = jnp.where(present, jnp.max(jnp.where(present, p2p, 0.0)), 0.0)
     base, extra, valid = balanced_split(model, stages, cost, cluster.layers_fixed)
     stage_layers = base + (extra > 0)
     last = jnp.max(jnp.where(present, jnp.arange(MAX_GROUPS), -1))
