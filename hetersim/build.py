@@ -13,7 +13,7 @@ import numpy as np
 
 from . import tiers
 from .pytree import as_arrays
-from .specs import Calibration, DeviceSpec, HostSpec, ModelSpec, NetworkSpec, Plan, SystemSpec
+from .specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan, SystemSpec
 from .types import (
     ATTENTION,
     N_LEVELS,
@@ -98,18 +98,9 @@ def network_spec(
     return as_arrays(net)
 
 
-def host_spec(
-    gpu: Mapping[str, Any],
-    links: Mapping[str, Mapping[str, Any]],
-    memory: Mapping[str, Mapping[str, Any]] | None = None,
-    *,
-    cxl_expander: str | None = None,
-    cxl_pool: str | None = None,
-    cxl_p2p: bool | None = None,
-) -> HostSpec:
-    """The node's host side and memory tiers (:func:`hetersim.tiers.host_spec`): host DRAM always,
-    CXL expanders and a CXL pool from the options or from the GPU entry's fields of those names."""
-    return tiers.host_spec(gpu, links, memory, cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p)
+# The node's host side and memory tiers: host DRAM always, CXL expanders and a CXL pool from the
+# options or from the GPU entry's fields of those names.
+host_spec = tiers.host_spec
 
 
 def system_spec(

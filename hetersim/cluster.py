@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from .layer import layer_costs, p2p_chunk_s
 from .pytree import spec
-from .simulate import Breakdown, simulate
+from .simulate import STEP_TERMS, Breakdown, simulate
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms._safe import safe_div
 from .terms.flops import model_flops_per_token
@@ -208,7 +208,7 @@ def _data(model, cluster, plan, cal, replicas, lc, cost):
     flags = jnp.bitwise_or.reduce(g_flags)
     # Replicas finish their micro-batches, then synchronise gradients together: the step is the
     # slowest group's (each group's exposed DP traffic depends on its own backward window).
-    terms = {k: getattr(slow, k) for k in _STEP_TERMS}
+    terms = {k: getattr(slow, k) for k in STEP_TERMS}
     step = sum(terms.values())
     total = _totals(model, cluster, plan, sims, g_mem, step, terms, flags)
     return ClusterBreakdown(
@@ -220,12 +220,6 @@ def _data(model, cluster, plan, cal, replicas, lc, cost):
         group_hbm_used_GiB=jnp.where(present, sims.hbm_used_GiB, 0.0),
         group_infeasible=g_flags,
     )
-
-
-_STEP_TERMS = (
-    "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s",
-    "offload_s",
-)  # fmt: skip
 
 
 def _totals(model, cluster, plan, sims, g_mem, step, terms, flags) -> Breakdown:
