@@ -500,14 +500,22 @@ def sweep_cmd(
     scheduler: str | None = typer.Option(None, "--scheduler", help="Dask scheduler address (tcp://host:8786)."),
     workers: int = typer.Option(0, "--workers", help="Start a local Dask cluster with N workers."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    stream: bool | None = typer.Option(
+        None,
+        "--stream/--no-stream",
+        help="Keep only the top-k per objective, the Pareto set and per-axis summaries "
+        "[default: stream spaces of 1e8 configurations or more].",
+    ),
+    top_k: int = typer.Option(100, "--top-k", help="Configurations kept per objective when streaming."),
 ) -> None:
     """Evaluate every configuration of a study; write a netCDF dataset and print the best ones."""
     from dse.sweep_cli import sweep_command
 
     _positive("--chunk", chunk)
+    _positive("--top-k", top_k)
     if workers < 0:
         raise ValueError(f"--workers must be >= 0; got {workers}")
-    sweep_command(study, out, chunk, scheduler, workers, as_json)
+    sweep_command(study, out, chunk, scheduler, workers, as_json, stream=stream, top_k=top_k)
 
 
 @app.command("bench")

@@ -11,8 +11,10 @@ study in the attributes) and writes into ``out_dir``:
   has them.
 
 Results of ``hetersim optimize`` (one record per ``trial``, the same variable names) are read the
-same way. The Pareto set is the feasible configurations that no other feasible configuration of
-the same model beats in every study objective (the study's ``objectives`` attribute). A section
+same way, and so is the file of a streamed sweep (attribute ``streamed = 1``: only the rows it
+kept, the top-k per objective and the Pareto set; the page and its notes say so). The Pareto set
+is the feasible configurations that no other feasible configuration of the same model beats in
+every study objective (the study's ``objectives`` attribute). A section
 whose data the dataset lacks says so instead of failing; a file that is not a results dataset,
 or one that lacks a variable the report cannot do without, is a one-line ``ValueError``.
 """
@@ -205,7 +207,20 @@ def load(path: str | Path) -> Results:
     varying = [
         c for c in COLUMNS if c in ds.variables and feasible.any() and len(np.unique(ds[c].values[feasible])) > 1
     ]
-    return Results(Path(path), ds, feasible, objectives, senses, group, names, varying)
+    r = Results(Path(path), ds, feasible, objectives, senses, group, names, varying)
+    if streamed(ds):
+        r.notes.append(
+            f"streamed sweep: the file keeps {ds.sizes['config']:,} of the {int(ds.attrs['n_configs']):,} "
+            f"configurations evaluated (the top {ds.attrs.get('top_k', '?')} per objective and the Pareto set of "
+            "each model); the Pareto set is complete, but the heat maps and axes that vary cover the kept rows "
+            "only (per-axis summaries over every configuration: the marginal_* variables)"
+        )
+    return r
+
+
+def streamed(ds) -> bool:
+    """Whether a dataset is the output of a streamed sweep (only the kept rows along ``config``)."""
+    return bool(int(ds.attrs.get("streamed", 0)))
 
 
 def pareto_set(r: Results) -> np.ndarray:
@@ -544,6 +559,8 @@ def pareto_records(r: Results, pareto: np.ndarray) -> list[dict[str, Any]]:
     rows = []
     for k, i in enumerate(pareto):
         row: dict[str, Any] = {"#": k + 1, "config": int(i)}
+        if streamed(r.ds):
+            row["index"] = int(r.ds["config"].values[i])  # flat index in the study's space
         row.update({c: decode(r.ds, c, data[c][k]) for c in params})
         row.update({m: np.asarray(data[m][k]).item() for m in metrics})
         rows.append(row)
@@ -655,6 +672,12 @@ def _overview(r: Results, pareto: np.ndarray) -> str:
         "axes that vary": ", ".join(r.varying) or "–",
         "Pareto set": f"{len(pareto)} configurations (per model, over the objectives)",
     }
+    if streamed(r.ds):
+        items["configurations"] = (
+            f"{int(attrs['n_configs']):,} evaluated ({int(attrs['n_feasible']):,} feasible) by a streamed sweep; "
+            f"the file keeps {r.ds.sizes['config']:,} (the top {attrs.get('top_k', '?')} per objective and the "
+            "Pareto set)"
+        )
     rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items.items())
     return f"<dl>{rows}</dl>"
 
@@ -740,6 +763,7 @@ def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, vali
             "figures": {k: {f: str(p) for f, p in v.items()} for k, v in figs.paths.items()},
             "n_configs": int(r.ds.sizes["config"]),
             "n_feasible": int(r.feasible.sum()),
+            "streamed": streamed(r.ds),
             "objectives": list(r.objectives),
             "pareto": records,
             "validation": v,

@@ -22,8 +22,9 @@ def report_command(path: Path, out: Path | None, json_out: bool, validation: boo
         print(fmt.dumps(s))
         return s
     con = fmt.console()
+    kept = " kept by a streamed sweep" if s["streamed"] else ""
     con.print(
-        f"[bold]{s['study']}[/bold]: {s['n_configs']:,} configurations, {s['n_feasible']:,} feasible, "
+        f"[bold]{s['study']}[/bold]: {s['n_configs']:,} configurations{kept}, {s['n_feasible']:,} feasible, "
         f"{len(s['pareto'])} in the Pareto set ({', '.join(s['objectives'])})"
     )
     v = s["validation"]

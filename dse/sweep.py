@@ -12,6 +12,11 @@ compiled once per study shape and reused for every chunk, locally or on Dask wor
 finished chunk is checkpointed to ``<out>.chunks/``, so an interrupted sweep resumes where it
 stopped; the final dataset is written to netCDF4 (zlib) through a temporary file and
 ``os.replace``. See ``studies/README.md`` for the study format.
+
+A space of :data:`STREAM_THRESHOLD` configurations or more (or any, with ``stream=True``) is
+*streamed* instead: each chunk is folded on the host by :class:`Reducer` into the top-k feasible
+configurations per objective, the Pareto set of each model and per-axis summaries, and only those
+are written (:func:`write_streamed`); the reduced state is checkpointed to the same folder.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import json
 import math
 import os
 import platform
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dse.metrics import DERIVED, METRICS, constraint_metric
+from dse.pareto import pareto_mask
 from dse.study import CATEGORICAL, Study, load_study
 from hetersim import build
 from hetersim.calibration import load_calibration
@@ -45,6 +52,13 @@ from hetersim.types import Infeasible
 DEFAULT_CHUNK = 16384  # fastest measured on the 2-core CPU (benchmarks/bench_sweep.py)
 COMPRESSION_LEVEL = 1  # zlib: level 1 writes ~2x faster than 4 for files a few % larger
 MAX_CONFIGS = 2**31 - 1  # configurations are indexed by int32 inside the compiled function
+STREAM_THRESHOLD = 10**8  # spaces this large are streamed unless --no-stream
+DEFAULT_TOP_K = 100
+MAX_FRONT = 20_000  # Pareto points kept per model; a larger front is thinned (Reducer.select)
+STREAM_CHECKPOINT_S = 30.0  # seconds between checkpoints of a streamed sweep's reduced state
+ANCHORS = 16  # front points a chunk is screened against with three or more objectives
+BLOCK_KEYS = 1 << 12  # most keys of one block of factors in a streamed sweep's marginals
+PARETO_BIT = 1  # kept_because: bit 0 the Pareto set, bit 1 + i the top-k of objective i
 
 # Every plan field a configuration takes from the space, in coordinate order. ``model`` and
 # ``gpu`` are indices into the study's lists; categoricals are hetersim.types codes; ``sp`` is
@@ -184,7 +198,11 @@ class Space:
 
     def coords(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Each column's value for configurations ``start..stop-1`` (``sp`` resolved to 0/1)."""
-        idx = np.arange(start, stop, dtype=np.int64)
+        return self.coords_at(np.arange(start, stop, dtype=np.int64))
+
+    def coords_at(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """Each column's value for the configurations of flat indices ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64)
         out = {}
         for (_, table), digit in zip(self.factors, _digits(idx, self.radices), strict=True):
             for c, v in table.items():
@@ -436,17 +454,24 @@ class Checkpoints:
         return {i for i in range(self.n_chunks) if self.path(i).is_file()}
 
     def save(self, index: int, arrays: Mapping[str, np.ndarray]) -> None:
-        tmp = self.path(index).with_suffix(".npz.tmp")
-        try:
-            with tmp.open("wb") as handle:
-                np.savez(handle, **arrays)
-            os.replace(tmp, self.path(index))
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        _atomic_savez(self.path(index), arrays)
 
     def load(self, index: int) -> dict[str, np.ndarray]:
         with np.load(self.path(index)) as data:
+            return {k: data[k] for k in data.files}
+
+    @property
+    def state_path(self) -> Path:
+        return self.folder / "state.npz"
+
+    def save_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The reduced state of a streamed sweep (one file, replaced atomically)."""
+        _atomic_savez(self.state_path, arrays)
+
+    def load_state(self) -> dict[str, np.ndarray] | None:
+        if not self.state_path.is_file():
+            return None
+        with np.load(self.state_path) as data:
             return {k: data[k] for k in data.files}
 
     def clear(self) -> None:
@@ -454,9 +479,20 @@ class Checkpoints:
         if not self.folder.is_dir():
             return
         for path in self.folder.iterdir():
-            if path.name.startswith(("manifest.json", "chunk_")):
+            if path.name.startswith(("manifest.json", "chunk_", "state.npz")):
                 path.unlink()
         self.folder.rmdir()
+
+
+def _atomic_savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    tmp = path.with_suffix(".npz.tmp")
+    try:
+        with tmp.open("wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -488,6 +524,8 @@ def run_sweep(
     workers: int = 0,
     progress: bool = True,
     on_chunk: Callable[[int], None] | None = None,
+    stream: bool | None = None,
+    top_k: int = DEFAULT_TOP_K,
 ) -> Path:
     """Evaluate every configuration of a study and write ``<out_dir>/<name>.nc``; return its path.
 
@@ -495,12 +533,20 @@ def run_sweep(
     or ``workers`` (> 0: a local Dask cluster of that many processes) run the chunks as Dask
     tasks; otherwise they run here. Finished chunks are kept in ``<name>.nc.chunks/`` until the
     dataset is written, so a rerun after Ctrl-C or a crash computes only what is missing.
-    ``on_chunk(index)`` is called after each chunk is checkpointed.
+    ``on_chunk(index)`` is called after each chunk is checkpointed (streamed: folded in).
+
+    ``stream`` True keeps only the ``top_k`` best feasible configurations per objective, the
+    Pareto set and per-axis summaries (:class:`Reducer`, :func:`write_streamed`) instead of every
+    row; None (the default) streams spaces of at least :data:`STREAM_THRESHOLD` configurations.
+    A streamed sweep checkpoints its reduced state every :data:`STREAM_CHECKPOINT_S` seconds and
+    on Ctrl-C (``<name>.nc.chunks/state.npz``); a rerun resumes from it.
     """
     if workers < 0:
         raise ValueError(f"--workers must be >= 0; got {workers}")
     if scheduler is not None and workers:
         raise ValueError("give --scheduler ADDRESS or --workers N, not both")
+    if top_k < 1:
+        raise ValueError(f"--top-k must be a positive integer; got {top_k}")
     study = load_study(study_path)
     space = space_from_study(study)
     if space.size == 0:
@@ -511,6 +557,8 @@ def run_sweep(
     if space.size > MAX_CONFIGS:
         too_many = f"{space.size:,} configurations; split it (at most {MAX_CONFIGS:,})"
         raise ValueError(f"study file {study.origin}: {too_many}")
+    if stream is None:
+        stream = space.size >= STREAM_THRESHOLD
     chunk = chunk_size(chunk, space.size)
     cal = build.calibration_spec(load_calibration())
     tables = space.tables()
@@ -519,8 +567,15 @@ def run_sweep(
     n_chunks = -(-space.size // chunk)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpoints(checkpoint_folder(path), fp, n_chunks)
-    done = ckpt.done()
+    if stream:
+        reducer = Reducer(space, study.objectives, chunk, top_k)
+        ckpt = Checkpoints(checkpoint_folder(path), stream_fingerprint(fp, top_k), n_chunks)
+        state = [reducer.from_arrays(ckpt.load_state())]  # replaced whole after each chunk
+        saved = [time.monotonic()]
+        done = set(np.flatnonzero(state[0].done).tolist())
+    else:
+        ckpt = Checkpoints(checkpoint_folder(path), fp, n_chunks)
+        done = ckpt.done()
     todo = [i for i in range(n_chunks) if i not in done]
     resumed = sum(min(chunk, space.size - i * chunk) for i in done)
 
@@ -532,7 +587,13 @@ def run_sweep(
 
     def finish(index: int, arrays: Mapping[str, np.ndarray]) -> None:
         n = min(chunk, space.size - index * chunk)
-        ckpt.save(index, {k: np.asarray(v)[:n] for k, v in arrays.items()})
+        if stream:
+            state[0] = reducer.add(state[0], index, arrays)
+            if time.monotonic() - saved[0] >= STREAM_CHECKPOINT_S:
+                ckpt.save_state(reducer.to_arrays(state[0]))
+                saved[0] = time.monotonic()
+        else:
+            ckpt.save(index, {k: np.asarray(v)[:n] for k, v in arrays.items()})
         bar.advance(task, n)
         if on_chunk is not None:
             on_chunk(index)
@@ -545,13 +606,20 @@ def run_sweep(
             else:
                 _run_local(payload, todo, finish)
     except KeyboardInterrupt:
-        n_done = len(ckpt.done())
+        if stream:
+            ckpt.save_state(reducer.to_arrays(state[0]))
+            n_done = int(state[0].done.sum())
+        else:
+            n_done = len(ckpt.done())
         console.print(
             f"interrupted: {n_done} of {n_chunks} chunks kept in {ckpt.folder}; run the same command again to resume"
         )
         raise
 
-    write_dataset(path, study, space, ckpt, chunk, fp, cal)
+    if stream:
+        write_streamed(path, study, space, reducer, state[0], chunk, fp, cal)
+    else:
+        write_dataset(path, study, space, ckpt, chunk, fp, cal)
     ckpt.clear()
     return path
 
@@ -652,36 +720,7 @@ def write_dataset(
     try:
         with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
             nc.createDimension("config", size)
-            coords = space.coords(0, 0)
-            for c in COLUMNS:
-                var = nc.createVariable(c, coords[c].dtype, ("config",), **opts)
-                long_name, units = COORD_ATTRS[c]
-                var.long_name, var.units = long_name, units
-                if c in CODE_COLUMNS:
-                    labels = space.labels(c)
-                    var.flag_values = np.arange(len(labels), dtype=np.int8)
-                    var.flag_meanings = " ".join(labels)
-            coord_names = " ".join(COLUMNS)
-            for name in variables():
-                if name in METRICS:
-                    m = METRICS[name]
-                    var = nc.createVariable(name, m.dtype, ("config",), **opts)
-                    var.units, var.long_name = m.units, m.long_name
-                    if name == "infeasible":
-                        flags = [f for f in Infeasible if f]
-                        var.flag_masks = np.array([int(f) for f in flags], np.int32)
-                        var.flag_meanings = " ".join(f.name.lower() for f in flags)
-                else:
-                    long_name, dtype = EXTRA_VARIABLES[name]
-                    var = nc.createVariable(name, dtype, ("config",), **opts)
-                    var.units, var.long_name = "1", long_name
-                    if name == "constraint_violation" and space.constraints:
-                        var.flag_masks = np.array([1 << b for b in range(len(space.constraints))], np.int32)
-                        var.flag_meanings = " ".join(key for key, _, _ in space.constraints)
-                    if name == "feasible":
-                        var.flag_values = np.array([0, 1], np.int8)
-                        var.flag_meanings = "no yes"
-                var.coordinates = coord_names
+            _define_config_variables(nc, space, opts)
             for var in nc.variables.values():
                 # HDF5 keeps a chunk cache per variable (64 MiB by default in netCDF-C); writing in
                 # order needs only the chunk being filled.
@@ -697,6 +736,44 @@ def write_dataset(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _define_config_variables(nc, space: Space, opts: Mapping[str, Any], extra_coords: str = "") -> None:
+    """The columns and the variables of :func:`variables` along ``config``, with their attributes."""
+    coords = space.coords(0, 0)
+    for c in COLUMNS:
+        var = nc.createVariable(c, coords[c].dtype, ("config",), **opts)
+        _column_attrs(var, space, c)
+    coord_names = " ".join((*COLUMNS, *extra_coords.split()))
+    for name in variables():
+        if name in METRICS:
+            m = METRICS[name]
+            var = nc.createVariable(name, m.dtype, ("config",), **opts)
+            var.units, var.long_name = m.units, m.long_name
+            if name == "infeasible":
+                flags = [f for f in Infeasible if f]
+                var.flag_masks = np.array([int(f) for f in flags], np.int32)
+                var.flag_meanings = " ".join(f.name.lower() for f in flags)
+        else:
+            long_name, dtype = EXTRA_VARIABLES[name]
+            var = nc.createVariable(name, dtype, ("config",), **opts)
+            var.units, var.long_name = "1", long_name
+            if name == "constraint_violation" and space.constraints:
+                var.flag_masks = np.array([1 << b for b in range(len(space.constraints))], np.int32)
+                var.flag_meanings = " ".join(key for key, _, _ in space.constraints)
+            if name == "feasible":
+                var.flag_values = np.array([0, 1], np.int8)
+                var.flag_meanings = "no yes"
+        var.coordinates = coord_names
+
+
+def _column_attrs(var, space: Space, c: str) -> None:
+    long_name, units = COORD_ATTRS[c]
+    var.long_name, var.units = long_name, units
+    if c in CODE_COLUMNS:
+        labels = space.labels(c)
+        var.flag_values = np.arange(len(labels), dtype=np.int8)
+        var.flag_meanings = " ".join(labels)
 
 
 def dataset_attrs(study: Study, space: Space, chunk: int, fp: str, cal: Calibration) -> dict[str, Any]:
@@ -728,6 +805,401 @@ def dataset_attrs(study: Study, space: Space, chunk: int, fp: str, cal: Calibrat
 
 
 # --------------------------------------------------------------------------------------------
+# Streaming: the top-k per objective, the Pareto set and per-axis summaries instead of every row
+# --------------------------------------------------------------------------------------------
+
+
+def stream_fingerprint(fp: str, top_k: int) -> str:
+    """Checkpoints of a streamed sweep: the full sweep's fingerprint plus what the reduction keeps."""
+    return hashlib.sha256(f"{fp} stream top_k={top_k} max_front={MAX_FRONT}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """What a streamed sweep keeps. :meth:`Reducer.add` returns a new one (nothing is changed in
+    place), so Ctrl-C between chunks always leaves a consistent state to checkpoint.
+
+    ``rows``: ``index`` (flat) and every variable of :func:`variables` for the kept rows;
+    ``kept``: their ``kept_because`` bits; per group of :attr:`Reducer.groups`, ``feasible``
+    configurations per key and ``best`` (objectives x keys, in "smaller is better" form, +inf
+    where no feasible configuration); ``reasons``: configurations per :class:`Infeasible` flag;
+    ``done``: finished chunks; ``thinned``: fronts cut to :data:`MAX_FRONT`.
+    """
+
+    rows: dict[str, np.ndarray]
+    kept: np.ndarray
+    feasible: tuple[np.ndarray, ...]
+    best: tuple[np.ndarray, ...]
+    reasons: np.ndarray
+    done: np.ndarray
+    thinned: int = 0
+
+
+class Reducer:
+    """Folds evaluated chunks into a :class:`StreamState` on the host (NumPy).
+
+    * Top-k: per objective, the ``k`` best feasible configurations, ties broken by the lower flat
+      index (so the result does not depend on the order chunks finish in). A chunk contributes
+      only rows at least as good as the current k-th.
+    * Pareto set: per model (as ``hetersim report`` draws it), the feasible configurations no
+      other feasible configuration of that model beats in every objective (equal points all
+      kept, as :func:`dse.pareto.pareto_mask` does). A chunk's rows are first screened against the
+      kept front (exactly with one or two objectives, against :data:`ANCHORS` of its points with
+      more), and the survivors merged with it by :func:`pareto_mask`. A front of more than
+      :data:`MAX_FRONT` points is thinned to that many, spread evenly along the first objective
+      (both ends kept); the file then says ``pareto_thinned > 0`` and the kept front is a subset
+      (a later point dominated only by a dropped one may be kept too).
+    * Marginals: feasible configurations and the best value of each objective per key of a few
+      *groups*: *blocks* of consecutive factors whose lengths multiply to at most
+      :data:`BLOCK_KEYS` (key: the block's mixed-radix digit, so one ``bincount`` and one
+      ``fmin.at`` per objective serve several axes), and ``sp`` as resolved (0/1).
+      :meth:`marginals` reduces them to each column at the end; configuration counts per value
+      need no accumulation (every factor row occurs ``size / length`` times).
+    """
+
+    def __init__(self, space: Space, objectives: Sequence[str], chunk: int, k: int):
+        self.space, self.chunk, self.k = space, chunk, k
+        self.objectives = tuple(objectives)
+        self.sign = np.array([-1.0 if METRICS[o].sense == "max" else 1.0 for o in self.objectives])
+        self.n_chunks = -(-space.size // chunk)
+        self.flags = np.array([int(f) for f in Infeasible if f], np.int64)
+        self.factor_of = {c: f for f, (_, table) in enumerate(space.factors) for c in table}
+        blocks: list[list[int]] = []
+        for f, r in enumerate(space.radices):
+            if blocks and math.prod(space.radices[g] for g in blocks[-1]) * r <= BLOCK_KEYS:
+                blocks[-1].append(f)
+            else:
+                blocks.append([f])
+        self.blocks = tuple(tuple(b) for b in blocks)
+        self.block_of = {f: (b, i) for b, block in enumerate(self.blocks) for i, f in enumerate(block)}
+        self.groups = (*(math.prod(space.radices[f] for f in b) for b in self.blocks), 2)  # keys per group
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def empty(self) -> StreamState:
+        rows = {"index": np.zeros(0, np.int64)}
+        for name in variables():
+            dtype = METRICS[name].dtype if name in METRICS else EXTRA_VARIABLES[name][1]
+            rows[name] = np.zeros(0, np.dtype(dtype))
+        return StreamState(
+            rows=rows,
+            kept=np.zeros(0, np.int32),
+            feasible=tuple(np.zeros(n, np.int64) for n in self.groups),
+            best=tuple(np.full((len(self.objectives), n), np.inf) for n in self.groups),
+            reasons=np.zeros(len(self.flags), np.int64),
+            done=np.zeros(self.n_chunks, bool),
+        )
+
+    def to_arrays(self, state: StreamState) -> dict[str, np.ndarray]:
+        out = {f"row_{k}": v for k, v in state.rows.items()}
+        out.update(kept=state.kept, reasons=state.reasons, done=state.done, thinned=np.int64(state.thinned))
+        for g in range(len(self.groups)):
+            out.update({f"feasible_{g}": state.feasible[g], f"best_{g}": state.best[g]})
+        return out
+
+    def from_arrays(self, arrays: Mapping[str, np.ndarray] | None) -> StreamState:
+        """The state saved by :meth:`to_arrays` (an empty one for None)."""
+        if arrays is None:
+            return self.empty()
+        n = range(len(self.groups))
+        return StreamState(
+            rows={k.removeprefix("row_"): v for k, v in arrays.items() if k.startswith("row_")},
+            kept=arrays["kept"],
+            feasible=tuple(arrays[f"feasible_{g}"] for g in n),
+            best=tuple(arrays[f"best_{g}"] for g in n),
+            reasons=arrays["reasons"],
+            done=arrays["done"].astype(bool),
+            thinned=int(arrays["thinned"]),
+        )
+
+    # -- one chunk -----------------------------------------------------------------------------
+
+    def values(self, arrays: Mapping[str, np.ndarray], pick: np.ndarray | None = None) -> np.ndarray:
+        """Objectives x rows, negated where larger is better (so smaller is better everywhere)."""
+        cols = [np.asarray(arrays[o] if pick is None else arrays[o][pick], np.float64) for o in self.objectives]
+        return np.stack(cols) * self.sign[:, None]
+
+    def digit(self, f: int, index: np.ndarray) -> np.ndarray:
+        """Factor ``f``'s row of flat indices ``index``."""
+        stride = math.prod(self.space.radices[f + 1 :])
+        return (index // stride) % self.space.radices[f]
+
+    def models(self, index: np.ndarray) -> np.ndarray:
+        f = self.factor_of["model"]
+        return self.space.factors[f][1]["model"][self.digit(f, index)]
+
+    def add(self, state: StreamState, index: int, arrays: Mapping[str, Any]) -> StreamState:
+        """``state`` with chunk ``index`` (its evaluated ``arrays``, padded or not) folded in."""
+        lo = index * self.chunk
+        n = min(self.chunk, self.space.size - lo)
+        fpos = np.flatnonzero(np.asarray(arrays["feasible"])[:n])
+        v = self.values({o: np.asarray(arrays[o]) for o in self.objectives}, fpos)
+
+        keys = _host_digits(lo, n, self.groups[:-1])
+        keys.append(self._sp(keys))
+        feasible, best = [], []
+        for g, (key, size) in enumerate(zip(keys, self.groups, strict=True)):
+            b = state.best[g].copy()
+            kf = key[fpos]
+            feasible.append(state.feasible[g] + np.bincount(kf, minlength=size))
+            for j in range(len(v)):
+                np.fmin.at(b[j], kf, v[j])
+            best.append(b)
+        flags = np.asarray(arrays["infeasible"])[:n]
+        per_value = np.bincount(flags[flags != 0])
+        seen = np.flatnonzero(per_value)
+        reasons = state.reasons + ((seen[:, None] & self.flags) != 0).astype(np.int64).T @ per_value[seen]
+        done = state.done.copy()
+        done[index] = True
+        counts = dict(feasible=tuple(feasible), best=tuple(best), reasons=reasons, done=done)
+
+        cand = self._candidates(state, v, lo + fpos)
+        if not cand.any():
+            return replace(state, **counts)
+        pick = fpos[cand]
+        new = {"index": (lo + pick).astype(np.int64), **{name: np.asarray(arrays[name])[pick] for name in variables()}}
+        rows = {name: np.concatenate([state.rows[name], new[name]]) for name in state.rows}
+        kept, thinned = self.select(rows)
+        keep = kept != 0
+        return StreamState(
+            rows={name: r[keep] for name, r in rows.items()},
+            kept=kept[keep],
+            thinned=state.thinned + thinned,
+            **counts,
+        )
+
+    def _factor_digit(self, keys: Sequence[np.ndarray], f: int) -> np.ndarray:
+        b, i = self.block_of[f]
+        if self.space.radices[f] == 1:
+            return np.zeros(len(keys[b]), np.int64)
+        inner = math.prod(self.space.radices[g] for g in self.blocks[b][i + 1 :])
+        return (keys[b] // inner) % self.space.radices[f]
+
+    def _sp(self, keys: Sequence[np.ndarray]) -> np.ndarray:
+        """``sp`` as the sweep resolves it (on when tp > 1 for the code -1), per row."""
+        ft, fs = self.factor_of["tp"], self.factor_of["sp"]
+        tp = self.space.factors[ft][1]["tp"][self._factor_digit(keys, ft)]
+        code = self.space.factors[fs][1]["sp"][self._factor_digit(keys, fs)]
+        return np.where(code < 0, tp > 1, code).astype(np.int64)
+
+    def _candidates(self, state: StreamState, v: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """Which feasible rows of a chunk may enter the kept set: those at least as good as the
+        current k-th of some objective, and those the kept front of their model does not dominate."""
+        cand = np.zeros(v.shape[1], bool)
+        if not len(cand):
+            return cand
+        kept_v = self.values(state.rows)
+        for j in range(len(v)):
+            mine = (state.kept & (1 << (1 + j))) != 0
+            ok = ~np.isnan(v[j])
+            if np.count_nonzero(mine) >= self.k:
+                ok &= v[j] <= kept_v[j][mine].max()
+            if np.count_nonzero(ok) > self.k:
+                ok &= v[j] <= np.partition(v[j][ok], self.k - 1)[self.k - 1]
+            cand |= ok
+        models = self.models(index)
+        kept_models = self.models(state.rows["index"])
+        on_front = (state.kept & PARETO_BIT) != 0
+        for m in np.flatnonzero(np.bincount(models)):
+            sel = models == m
+            front = kept_v[:, on_front & (kept_models == m)]
+            cand[sel] |= _maybe_front(v[:, sel].T, front.T)
+        return cand
+
+    def select(self, rows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, int]:
+        """``kept_because`` bits of candidate ``rows`` (0: drop it) and how many fronts were thinned."""
+        v = self.values(rows)
+        index = rows["index"]
+        kept = np.zeros(len(index), np.int32)
+        for j in range(len(v)):
+            ok = np.flatnonzero(~np.isnan(v[j]))
+            best = ok[np.lexsort((index[ok], v[j][ok]))][: self.k]
+            kept[best] |= 1 << (1 + j)
+        thinned = 0
+        models = self.models(index)
+        for m in np.unique(models):
+            sel = np.flatnonzero(models == m)
+            on = sel[pareto_mask(v[:, sel].T)]
+            if len(on) > MAX_FRONT:
+                on = on[np.lexsort((index[on], v[0][on]))]
+                on = on[np.unique(np.round(np.linspace(0, len(on) - 1, MAX_FRONT)).astype(np.int64))]
+                thinned += 1
+            kept[on] |= PARETO_BIT
+        return kept, thinned
+
+    # -- results -------------------------------------------------------------------------------
+
+    def n_feasible(self, state: StreamState) -> int:
+        return int(state.feasible[0].sum())
+
+    def marginals(self, state: StreamState) -> dict[str, tuple[np.ndarray, ...]]:
+        """Per column: (values, configurations, feasible configurations, best per objective in the
+        metric's own sense (NaN where none is feasible), objectives x values)."""
+        radices, size, n_obj = self.space.radices, self.space.size, len(self.objectives)
+        per_row = {}  # factor -> (configurations, feasible, best) per row of the factor
+        for b, block in enumerate(self.blocks):
+            shape = tuple(radices[f] for f in block)
+            feasible = state.feasible[b].reshape(shape)
+            best = state.best[b].reshape(n_obj, *shape)
+            for i, f in enumerate(block):
+                other = tuple(a for a in range(len(block)) if a != i)
+                count = np.full(radices[f], size // radices[f], np.int64)
+                per_row[f] = (
+                    count,
+                    feasible.sum(axis=other),
+                    np.fmin.reduce(best, axis=tuple(a + 1 for a in other)) if other else best,
+                )
+        # sp as resolved: each (tp row, sp row) pair occurs size / (their lengths) times.
+        ft, fs = self.factor_of["tp"], self.factor_of["sp"]
+        tp, code = self.space.factors[ft][1]["tp"], self.space.factors[fs][1]["sp"]
+        if ft == fs:
+            resolved = np.where(code < 0, tp > 1, code)
+            sp_count = np.bincount(resolved, minlength=2) * (size // radices[ft])
+        else:
+            resolved = np.where(code[None, :] < 0, tp[:, None] > 1, code[None, :])
+            sp_count = np.bincount(resolved.reshape(-1), minlength=2) * (size // (radices[ft] * radices[fs]))
+        out = {}
+        coords = self.space.coords(0, 0)
+        for c in COLUMNS:
+            if c == "sp":
+                values = np.flatnonzero(sp_count)
+                count, feasible, best = sp_count[values], state.feasible[-1][values], state.best[-1][:, values]
+            else:
+                f = self.factor_of[c]
+                values, inv = np.unique(self.space.factors[f][1][c], return_inverse=True)
+                inv = inv.reshape(-1)
+                count = np.zeros(len(values), np.int64)
+                feasible = np.zeros(len(values), np.int64)
+                best = np.full((n_obj, len(values)), np.inf)
+                np.add.at(count, inv, per_row[f][0])
+                np.add.at(feasible, inv, per_row[f][1])
+                for j in range(n_obj):
+                    np.fmin.at(best[j], inv, per_row[f][2][j])
+            best = np.where(np.isinf(best), np.nan, best * self.sign[:, None])
+            out[c] = (values.astype(coords[c].dtype), count, feasible, best)
+        return out
+
+
+def _host_digits(start: int, n: int, radices: Sequence[int]) -> list[np.ndarray]:
+    """Mixed-radix digits of ``start .. start+n-1`` (NumPy; division only, which is faster than %)."""
+    q = np.arange(start, start + n, dtype=np.int64)
+    out = []
+    for r in reversed(radices):
+        if r == 1:
+            out.append(np.zeros(n, np.int64))
+            continue
+        nq = q // r
+        out.append(q - nq * r)
+        q = nq
+    return out[::-1]
+
+
+def _maybe_front(points: np.ndarray, front: np.ndarray) -> np.ndarray:
+    """Which of ``points`` (n x k, smaller is better) no row of ``front`` (a Pareto front) is known
+    to dominate: exact for k <= 2, against :data:`ANCHORS` front points for more. NaN rows: False."""
+    ok = ~np.isnan(points).any(axis=1)
+    if not len(front) or not ok.any():
+        return ok
+    k = points.shape[1]
+    if k == 1:
+        return ok & (points[:, 0] <= front[:, 0].min())
+    if k == 2:
+        # Along a front sorted by x, y falls: the last point with x <= px has the least y of them.
+        order = np.lexsort((front[:, 1], front[:, 0]))
+        fx, fy = front[order, 0], front[order, 1]
+        j = np.searchsorted(fx, points[:, 0], side="right") - 1
+        qx, qy = fx[np.maximum(j, 0)], fy[np.maximum(j, 0)]
+        dominated = (j >= 0) & (qy <= points[:, 1]) & ((qx < points[:, 0]) | (qy < points[:, 1]))
+        return ok & ~dominated
+    spread = np.round(np.linspace(0, len(front) - 1, min(len(front), ANCHORS))).astype(np.int64)
+    dominated = np.zeros(len(points), bool)
+    for q in front[np.unique(np.r_[spread, front.argmin(axis=0)])]:
+        dominated |= (q <= points).all(axis=1) & (q < points).any(axis=1)
+    return ok & ~dominated
+
+
+def write_streamed(
+    path: Path,
+    study: Study,
+    space: Space,
+    reducer: Reducer,
+    state: StreamState,
+    chunk: int,
+    fp: str,
+    cal: Calibration,
+) -> None:
+    """The netCDF file of a streamed sweep (temporary name, then renamed).
+
+    ``config`` holds only the kept rows, ordered by flat index (the ``config`` coordinate), with
+    the columns and variables of a full dataset plus ``kept_because``; per column ``c`` a
+    dimension ``marginal_c`` (its values) with ``n_configs_by_c``, ``n_feasible_by_c`` and
+    ``best_<objective>_by_c`` over every configuration evaluated.
+    """
+    import netCDF4
+
+    order = np.argsort(state.rows["index"], kind="stable")
+    index = state.rows["index"][order]
+    tmp = path.with_name(f".{path.name}.tmp")
+    opts = dict(zlib=True, complevel=COMPRESSION_LEVEL, shuffle=True)
+    try:
+        with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+            nc.createDimension("config", len(index))
+            var = nc.createVariable("config", "i8", ("config",), **opts)
+            var.long_name = "flat index of the configuration in the study's space (mixed radix over its factors)"
+            var.units = "1"
+            _define_config_variables(nc, space, opts)
+            kept = nc.createVariable("kept_because", "i4", ("config",), **opts)
+            kept.long_name, kept.units = "why the streamed sweep kept the configuration (bit flags)", "1"
+            kept.flag_masks = np.array([1 << b for b in range(1 + len(reducer.objectives))], np.int32)
+            kept.flag_meanings = " ".join(["pareto", *(f"top_k_{o}" for o in reducer.objectives)])
+            kept.coordinates = " ".join(COLUMNS)
+            if len(index):
+                nc["config"][:] = index
+                for c, values in space.coords_at(index).items():
+                    nc[c][:] = values
+                for name in variables():
+                    nc[name][:] = state.rows[name][order]
+                kept[:] = state.kept[order]
+            for c, (values, count, feasible, best) in reducer.marginals(state).items():
+                dim = f"marginal_{c}"
+                nc.createDimension(dim, len(values))
+                var = nc.createVariable(dim, values.dtype, (dim,))
+                _column_attrs(var, space, c)
+                var[:] = values
+                for name, data, long_name in (
+                    (f"n_configs_by_{c}", count, f"configurations per {c}"),
+                    (f"n_feasible_by_{c}", feasible, f"feasible configurations per {c}"),
+                ):
+                    var = nc.createVariable(name, "i8", (dim,))
+                    var.long_name, var.units = long_name, "1"
+                    var[:] = data
+                for j, o in enumerate(reducer.objectives):
+                    m = METRICS[o]
+                    var = nc.createVariable(f"best_{o}_by_{c}", "f4", (dim,))
+                    word = "lowest" if m.sense == "min" else "highest"
+                    var.long_name = f"{word} {m.long_name} among feasible configurations, per {c}"
+                    var.units = m.units
+                    var[:] = best[j].astype(np.float32)
+            attrs = dataset_attrs(study, space, chunk, fp, cal)
+            reasons = {f.name.lower(): int(c) for f, c in zip([f for f in Infeasible if f], state.reasons, strict=True)}
+            attrs.update(
+                streamed=1,
+                top_k=reducer.k,
+                n_kept=len(index),
+                n_feasible=reducer.n_feasible(state),
+                infeasible_reasons=json.dumps({k: v for k, v in reasons.items() if v}),
+                pareto_scope="per model",
+                pareto_max_points=MAX_FRONT,
+                pareto_thinned=state.thinned,
+            )
+            nc.setncatts(attrs)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
 # Summary
 # --------------------------------------------------------------------------------------------
 
@@ -747,13 +1219,19 @@ def describe(ds, index: int) -> dict[str, Any]:
 
 
 def summarize(path: str | Path) -> dict[str, Any]:
-    """Size, feasible count, infeasibility reasons and the best feasible configuration per objective."""
+    """Size, feasible count, infeasibility reasons and the best feasible configuration per objective
+    (of a streamed file: counts over every configuration evaluated, from its attributes; ``index``
+    is the flat index, as in a full dataset)."""
     import xarray as xr
 
     with xr.open_dataset(path) as ds:
+        streamed = bool(ds.attrs.get("streamed", 0))
         feasible = ds["feasible"].values.astype(bool)
         flags = ds["infeasible"].values
-        reasons = {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
+        if streamed:
+            reasons = json.loads(ds.attrs["infeasible_reasons"])
+        else:
+            reasons = {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
         best: dict[str, Any] = {}
         for name in ds.attrs["objectives"].split():
             values = ds[name].values.astype(np.float64)
@@ -767,16 +1245,19 @@ def summarize(path: str | Path) -> dict[str, Any]:
                 "value": float(values[i]),
                 "units": METRICS[name].units,
                 "sense": sense,
-                "index": i,
+                "index": int(ds["config"].values[i]) if streamed else i,
                 "config": describe(ds, i),
                 "metrics": {m: float(ds[m].isel(config=i).values) for m in SUMMARY_METRICS},
             }
-        return {
+        out = {
             "study": ds.attrs["study_name"],
             "path": str(path),
-            "n_configs": int(ds.sizes["config"]),
+            "n_configs": int(ds.attrs["n_configs"]) if streamed else int(ds.sizes["config"]),
             "cross_product_size": int(ds.attrs["cross_product_size"]),
-            "n_feasible": int(feasible.sum()),
+            "n_feasible": int(ds.attrs["n_feasible"]) if streamed else int(feasible.sum()),
             "infeasible_reasons": {k: v for k, v in reasons.items() if v},
             "best": best,
         }
+        if streamed:
+            out.update(streamed=True, n_kept=int(ds.sizes["config"]), top_k=int(ds.attrs["top_k"]))
+        return out

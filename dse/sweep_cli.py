@@ -25,14 +25,26 @@ def sweep_command(
     scheduler: str | None,
     workers: int,
     json_out: bool,
+    stream: bool | None = None,
+    top_k: int | None = None,
 ) -> dict[str, Any]:
     """Run a study (default: the packaged one) into ``out`` (a folder, or a ``.nc`` path) and
-    print its size, feasible count, wall time and the best configuration per objective."""
-    from dse.sweep import run_sweep, summarize
+    print its size, feasible count, wall time and the best configuration per objective.
+    ``stream``/``top_k``: see :func:`dse.sweep.run_sweep` (None: its defaults)."""
+    from dse.sweep import DEFAULT_TOP_K, run_sweep, summarize
 
     t0 = time.perf_counter()
     try:
-        path = run_sweep(study, out, chunk=chunk, scheduler=scheduler, workers=workers, progress=not json_out)
+        path = run_sweep(
+            study,
+            out,
+            chunk=chunk,
+            scheduler=scheduler,
+            workers=workers,
+            progress=not json_out,
+            stream=stream,
+            top_k=DEFAULT_TOP_K if top_k is None else top_k,
+        )
     except KeyboardInterrupt:
         raise SystemExit(INTERRUPTED_EXIT) from None
     summary = summarize(path)
@@ -61,6 +73,11 @@ def print_sweep_summary(con, s: Mapping[str, Any]) -> None:
         f"[bold]{s['study']}[/bold]: {n:,} configurations ({s['cross_product_size']:,} before the host's "
         f"divisibility rules), {s['n_feasible']:,} feasible, {s['wall_s']:.1f} s -> {s['path']}"
     )
+    if s.get("streamed"):
+        con.print(
+            f"streamed: the file keeps {s['n_kept']:,} configurations (the top {s['top_k']} per objective and "
+            "the Pareto set) and per-axis summaries (marginal_* dimensions)"
+        )
     if s["infeasible_reasons"]:
         reasons = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s["infeasible_reasons"].items())
         con.print(f"infeasible (a configuration may have several reasons): {reasons}")

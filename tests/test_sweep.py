@@ -18,6 +18,7 @@ import xarray as xr
 from dse import sweep
 from dse.bench import run_bench
 from dse.metrics import METRICS, STEP_TERM_LABELS
+from dse.pareto import pareto_mask
 from dse.study import DEFAULT_STUDY, load_study, parse_study
 from dse.sweep_cli import sweep_command
 from hetersim import build
@@ -407,3 +408,262 @@ def test_cli_chunk_default_matches_the_engine():
 
     for command in (cli.sweep_cmd, cli.bench_cmd):
         assert inspect.signature(command).parameters["chunk"].default.default == DEFAULT_CHUNK
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming
+# --------------------------------------------------------------------------------------------
+
+TOP_K = 10
+
+
+@pytest.fixture(scope="module")
+def streamed(tiny, tmp_path_factory) -> tuple[Path, xr.Dataset]:
+    """The tiny study swept with ``stream=True`` (same chunk, so no new compile)."""
+    study, _ = tiny
+    path = sweep.run_sweep(
+        study, tmp_path_factory.mktemp("stream"), chunk=CHUNK, progress=False, stream=True, top_k=TOP_K
+    )
+    with xr.open_dataset(path) as ds:
+        return path, ds.load()
+
+
+def assert_same_attrs(a, b) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+
+
+def _objectives(ds: xr.Dataset) -> list[tuple[int, str, np.ndarray]]:
+    """(bit, name, values with smaller better) per study objective."""
+    out = []
+    for j, name in enumerate(ds.attrs["objectives"].split()):
+        sign = -1.0 if METRICS[name].sense == "max" else 1.0
+        out.append((1 << (1 + j), name, ds[name].values.astype(np.float64) * sign))
+    return out
+
+
+def test_streamed_rows_are_the_full_runs_rows(tiny, streamed):
+    _, full = tiny
+    _, st = streamed
+    index = st.config.values
+    assert np.all(np.diff(index) > 0) and st.feasible.values.all()
+    for name in (*sweep.COLUMNS, *sweep.variables()):
+        np.testing.assert_array_equal(st[name].values, full[name].values[index], err_msg=name)
+        assert_same_attrs(st[name].attrs, full[name].attrs)
+    assert st.attrs["streamed"] == 1 and st.attrs["top_k"] == TOP_K
+    assert st.attrs["n_configs"] == full.sizes["config"] and st.attrs["n_kept"] == st.sizes["config"]
+    assert st.attrs["n_feasible"] == int(full.feasible.sum())
+    assert st.kept_because.attrs["flag_meanings"] == "pareto top_k_time_to_train_s top_k_cost_usd top_k_mfu"
+    assert np.all(st.kept_because.values != 0)
+
+
+def test_streamed_top_k_and_pareto_equal_the_full_run(tiny, streamed):
+    _, full = tiny
+    _, st = streamed
+    feasible = np.flatnonzero(full.feasible.values == 1)
+    kept = st.kept_because.values
+    objectives = _objectives(full)
+    for bit, name, values in objectives:
+        v = values[feasible]
+        expected = feasible[np.lexsort((feasible, v))][:TOP_K]  # k best, ties by flat index
+        assert st.config.values[(kept & bit) != 0].tolist() == sorted(expected.tolist()), name
+    front = feasible[pareto_mask(np.stack([v[feasible] for _, _, v in objectives], axis=1))]
+    assert st.config.values[(kept & 1) != 0].tolist() == front.tolist()
+    assert 1 < len(front) < len(feasible)
+
+
+def test_streamed_marginals_equal_groupby_of_the_full_run(tiny, streamed):
+    _, full = tiny
+    _, st = streamed
+    feasible = full.feasible.values == 1
+    for c in sweep.COLUMNS:
+        values = st[f"marginal_{c}"].values
+        assert sorted(values.tolist()) == sorted(np.unique(full[c].values).tolist()), c
+        assert_same_attrs(st[f"marginal_{c}"].attrs, full[c].attrs)
+        for i, u in enumerate(values):
+            rows = full[c].values == u
+            assert st[f"n_configs_by_{c}"].values[i] == rows.sum()
+            assert st[f"n_feasible_by_{c}"].values[i] == (rows & feasible).sum()
+            for name in st.attrs["objectives"].split():
+                best = st[f"best_{name}_by_{c}"].values[i]
+                ok = full[name].values[rows & feasible]
+                if not len(ok):
+                    assert np.isnan(best)
+                else:
+                    assert best == (ok.min() if METRICS[name].sense == "min" else ok.max()), (c, u, name)
+    assert np.isnan(st.best_time_to_train_s_by_tp.values).sum() == 0
+    assert st.n_configs_by_tp.dims == ("marginal_tp",)
+
+
+def test_streamed_summary_and_report(tiny, streamed, tmp_path, capsys):
+    from dse.report import build_report
+
+    full_path = tmp_path / "full.nc"
+    tiny[1].to_netcdf(full_path)
+    path, st = streamed
+    a, b = sweep.summarize(full_path), sweep.summarize(path)
+    assert b["streamed"] and b["n_kept"] == st.sizes["config"]
+    for key in ("n_configs", "n_feasible", "infeasible_reasons", "best"):
+        assert a[key] == b[key], key
+    report = build_report(path, tmp_path / "report", validation=False)
+    s = report.summary
+    assert s["streamed"] and any("streamed sweep" in note for note in s["notes"])
+    page = report.index.read_text()
+    assert "streamed sweep" in page and f"{a['n_configs']:,} evaluated" in page
+    front = st.config.values[(st.kept_because.values & 1) != 0]
+    assert sorted(row["index"] for row in s["pareto"]) == front.tolist()  # the full run's Pareto set
+
+
+def test_killed_streamed_sweep_resumes_to_the_same_result(tiny, streamed, tmp_path, monkeypatch):
+    study, _ = tiny
+    _, expected = streamed
+    monkeypatch.setattr(sweep, "STREAM_CHECKPOINT_S", 0.0)  # checkpoint after every chunk
+    out = tmp_path / "out"
+
+    def crash_after_three(index: int) -> None:
+        if index == 2:
+            raise RuntimeError("killed")  # not Ctrl-C: only the periodic checkpoint is on disk
+
+    with pytest.raises(RuntimeError):
+        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=crash_after_three, stream=True, top_k=TOP_K)
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C after one more chunk saves the state too
+        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=_interrupt, stream=True, top_k=TOP_K)
+    assert not (out / "tiny.nc").exists() and (out / "tiny.nc.chunks" / "state.npz").is_file()
+    computed: list[int] = []
+    path = sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=computed.append, stream=True, top_k=TOP_K)
+    n_chunks = -(-expected.attrs["n_configs"] // CHUNK)
+    assert computed == list(range(4, n_chunks))
+    assert not (out / "tiny.nc.chunks").exists()
+    with xr.open_dataset(path) as resumed:
+        assert_same(resumed.load(), expected)
+
+
+def test_stream_is_automatic_for_big_spaces_and_a_cli_flag(tiny, tmp_path, monkeypatch, capsys):
+    study, full = tiny
+    monkeypatch.setattr(sweep, "STREAM_THRESHOLD", full.sizes["config"])
+    path = sweep.run_sweep(study, tmp_path / "auto", chunk=CHUNK, progress=False)
+    with xr.open_dataset(path) as ds:
+        assert ds.attrs["streamed"] == 1 and ds.attrs["top_k"] == sweep.DEFAULT_TOP_K
+    path = sweep.run_sweep(study, tmp_path / "forced", chunk=CHUNK, progress=False, stream=False)
+    with xr.open_dataset(path) as ds:
+        assert "streamed" not in ds.attrs and ds.sizes["config"] == full.sizes["config"]
+    summary = sweep_command(study, tmp_path / "cli.nc", CHUNK, None, 0, json_out=True, stream=True, top_k=3)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["streamed"] and printed["top_k"] == 3 and summary["n_configs"] == full.sizes["config"]
+    with pytest.raises(ValueError, match="--top-k"):
+        sweep.run_sweep(study, tmp_path / "bad", chunk=CHUNK, progress=False, stream=True, top_k=0)
+
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from dse import cli
+
+    assert inspect.signature(cli.sweep_cmd).parameters["top_k"].default.default == sweep.DEFAULT_TOP_K
+    args = ["sweep", str(study), "--out", str(tmp_path / "typer.nc"), "--chunk", str(CHUNK), "--json"]
+    for flag, expected in (("--stream", True), ("--no-stream", False)):
+        result = CliRunner().invoke(cli.app, [*args, flag, "--top-k", "4"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout).get("streamed", False) is expected
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_front_screen_keeps_every_non_dominated_point(k):
+    rng = np.random.default_rng(k)
+    for _ in range(40):
+        front_pool = rng.integers(0, 6, size=(int(rng.integers(1, 30)), k)).astype(float)
+        front = front_pool[pareto_mask(front_pool)]
+        points = rng.integers(0, 6, size=(50, k)).astype(float)
+        points[0] = np.nan
+        screened = sweep._maybe_front(points, front)
+        # Exactly the points that no front point dominates survive (k <= 2), or more (k = 3).
+        le = (front[None, :, :] <= points[:, None, :]).all(axis=2)
+        lt = (front[None, :, :] < points[:, None, :]).any(axis=2)
+        undominated = ~np.isnan(points).any(axis=1) & ~(le & lt).any(axis=1)
+        assert not screened[0]
+        assert np.all(screened[undominated])
+        if k <= 2:
+            np.testing.assert_array_equal(screened, undominated)
+
+
+@pytest.mark.parametrize(
+    "objectives", [("cost_usd",), ("time_to_train_s", "mfu"), ("time_to_train_s", "cost_usd", "energy_kWh")]
+)
+def test_reducer_in_any_chunk_order_equals_brute_force(objectives):
+    """Random values with many ties, two models, chunks folded in a shuffled order (as Dask
+    finishes them): top-k, per-model Pareto set and marginals equal a brute-force reduction."""
+    text = TINY.format(model="llama2-7b", tokens=1e11).replace('key = "llama2-7b"', 'key = ["llama2-7b", "llama2-13b"]')
+    space = sweep.space_from_study(parse_study(text))
+    n, k, chunk = space.size, 7, 64
+    rng = np.random.default_rng(len(objectives))
+    arrays = {}
+    for name in sweep.variables():
+        dtype = METRICS[name].dtype if name in METRICS else sweep.EXTRA_VARIABLES[name][1]
+        arrays[name] = rng.integers(0, 12, n).astype(dtype)
+    arrays["feasible"] = (rng.random(n) < 0.6).astype(np.int8)
+    arrays["infeasible"] = np.where(arrays["feasible"] == 1, 0, rng.integers(1, 64, n)).astype(np.int32)
+    arrays[objectives[-1]][rng.random(n) < 0.02] = np.nan
+    reducer = sweep.Reducer(space, objectives, chunk, k)
+    state = reducer.empty()
+    for index in rng.permutation(reducer.n_chunks):
+        lo = index * chunk
+        state = reducer.add(state, int(index), {name: v[lo : lo + chunk] for name, v in arrays.items()})
+    assert state.done.all() and state.thinned == 0
+
+    feasible = np.flatnonzero(arrays["feasible"])
+    sign = np.array([-1.0 if METRICS[o].sense == "max" else 1.0 for o in objectives])
+    values = np.stack([arrays[o].astype(np.float64) * s for o, s in zip(objectives, sign, strict=True)], axis=1)
+    for j in range(len(objectives)):
+        ok = feasible[~np.isnan(values[feasible, j])]
+        expected = ok[np.lexsort((ok, values[ok, j]))][:k]
+        got = state.rows["index"][(state.kept & (1 << (1 + j))) != 0]
+        assert sorted(got.tolist()) == sorted(expected.tolist())
+    coords = space.coords(0, n)
+    front = [feasible[coords["model"][feasible] == m] for m in (0, 1)]
+    front = np.concatenate([f[pareto_mask(values[f])] for f in front])
+    assert sorted(state.rows["index"][(state.kept & 1) != 0].tolist()) == sorted(front.tolist())
+    kept = state.rows["index"]
+    for name in sweep.variables():
+        np.testing.assert_array_equal(state.rows[name], arrays[name][kept])
+
+    for c, (vals, count, n_feasible, best) in reducer.marginals(state).items():
+        assert vals.tolist() == np.unique(coords[c]).tolist()
+        for i, u in enumerate(vals):
+            rows = coords[c] == u
+            assert count[i] == rows.sum() and n_feasible[i] == (rows & (arrays["feasible"] == 1)).sum()
+            for j in range(len(objectives)):
+                v = values[rows & (arrays["feasible"] == 1), j]
+                v = v[~np.isnan(v)]
+                np.testing.assert_array_equal(best[j, i], v.min() * sign[j] if len(v) else np.nan)
+    assert state.reasons.sum() == sum(int(np.count_nonzero(arrays["infeasible"] & f)) for f in reducer.flags)
+
+
+def test_a_front_too_large_is_thinned(monkeypatch):
+    space = sweep.space_from_study(parse_study(TINY.format(model="llama2-7b", tokens=1e11)))
+    monkeypatch.setattr(sweep, "MAX_FRONT", 5)
+    n = space.size
+    arrays = {name: np.zeros(n, np.float32) for name in sweep.variables()}
+    arrays["feasible"] = np.ones(n, np.int8)
+    arrays["infeasible"] = np.zeros(n, np.int32)
+    arrays["time_to_train_s"] = np.arange(n, dtype=np.float32)  # every point on the front
+    arrays["cost_usd"] = np.arange(n, 0, -1).astype(np.float32)
+    reducer = sweep.Reducer(space, ("time_to_train_s", "cost_usd"), n, 3)
+    state = reducer.add(reducer.empty(), 0, arrays)
+    front = state.rows["index"][(state.kept & 1) != 0]
+    assert state.thinned == 1 and len(front) == 5 and front[0] == 0 and front[-1] == n - 1
+
+
+def test_streamed_dask_equals_streamed_local(tmp_path, streamed):
+    distributed = pytest.importorskip("dask.distributed")
+    path, expected = streamed
+    study = tmp_path / "tiny.toml"
+    study.write_text(expected.attrs["study_toml"])
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        out = sweep.run_sweep(
+            study, tmp_path, chunk=CHUNK, scheduler=cluster.scheduler_address, progress=False, stream=True, top_k=TOP_K
+        )
+    with xr.open_dataset(out) as ds:
+        assert_same(ds.load(), expected)
