@@ -31,6 +31,7 @@ from dse.study import CATEGORICAL, PLAN_AXES, Study
 from dse.sweep import space_from_study
 from hetersim import build
 from hetersim.calibration import load_calibration
+from hetersim.cluster import ClusterSpec, simulate_cluster
 from hetersim.simulate import simulate
 from hetersim.specs import Calibration, Plan
 
@@ -142,7 +143,10 @@ def solve_block(
             cpu_optimizer=jnp.broadcast_to(fixed["cpu_optimizer"], (k,)),
             bucket_Mparams=jnp.broadcast_to(fixed["bucket_Mparams"], (k,)),
         )
-        out = jax.vmap(simulate, in_axes=(None, None, 0, None))(model, system, plan, cal)
+        if isinstance(system, ClusterSpec):  # static: a search over mixes (search.mix)
+            out = jax.vmap(simulate_cluster, in_axes=(None, None, 0, None))(model, system, plan, cal).total
+        else:
+            out = jax.vmap(simulate, in_axes=(None, None, 0, None))(model, system, plan, cal)
         violations = []
         for bit, (metric, sense) in enumerate(kinds):
             value = out.hbm_used_GiB / out.hbm_capacity_GiB if metric in DERIVED else getattr(out, metric)
@@ -206,8 +210,12 @@ class InnerSolver:
             for k in ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams")
         }
         self.cal = cal if cal is not None else build.calibration_spec(load_calibration())
-        n_param = next(p for p in space.outer if p.name == "n_gpus")
-        self.rows = layout_rows(study, n_param.grid() if n_param.discrete else None)
+        if space.mix is not None:
+            counts: Sequence[int] | None = study.axes["n_gpus"]
+        else:
+            n_param = next(p for p in space.outer if p.name == "n_gpus")
+            counts = n_param.grid() if n_param.discrete else None
+        self.rows = layout_rows(study, counts)
         self.n_layouts = len(self.rows["tp"])
         if self.n_layouts == 0:
             raise ValueError(f"study file {space.origin}: no layout has a global batch divisible by its micro-batch")
@@ -240,6 +248,10 @@ class InnerSolver:
         gpu_code = np.array([gpus.index(p["gpu"]) if "gpu" in p else 0 for p in points], np.int64)
         n_gpus = np.array([p["n_gpus"] for p in points], np.float32)
         systems = jax.tree.map(lambda a: a[gpu_code], self.systems)
+        if isinstance(systems, ClusterSpec):  # a mix: the GPU-weighted mean price per GPU-hour
+            gpus = np.asarray(systems.gpus, np.float64)
+            hourly = np.sum(gpus * np.asarray(systems.systems.device.price_usd_per_hour, np.float64), axis=1)
+            return systems, model_code, n_gpus, hourly / np.maximum(gpus.sum(axis=1), 1.0)
         price_param = hw_params.resolve("price_usd_per_hour")
         price = np.asarray(hw_params.get(systems, price_param), np.float64).copy()
         overrides = {}
@@ -293,8 +305,12 @@ class InnerSolver:
         assert best is not None
         best = {k: v[:n] for k, v in best.items()}
         best["price_usd_per_hour"] = price[:n]
-        tdp = np.asarray(hw_params.get(systems, hw_params.resolve("tdp_W")), np.float64)[:n]
-        best["power_kW"] = n_gpus[:n].astype(np.float64) * tdp / 1000.0
+        if isinstance(systems, ClusterSpec):
+            gpus = np.asarray(systems.gpus, np.float64)
+            best["power_kW"] = np.sum(gpus * np.asarray(systems.systems.device.tdp_W, np.float64), axis=1)[:n] / 1000.0
+        else:
+            tdp = np.asarray(hw_params.get(systems, hw_params.resolve("tdp_W")), np.float64)[:n]
+            best["power_kW"] = n_gpus[:n].astype(np.float64) * tdp / 1000.0
         best["constraints"] = self.constraint_values(best)
         self.evaluated += n * self.n_layouts
         return best
@@ -331,7 +347,10 @@ def _merge(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.n
 
 
 def outer_grid(space: SearchSpace) -> list[dict[str, Any]]:
-    """Every point of a discrete outer space, in row-major order of :attr:`SearchSpace.outer`."""
+    """Every point of a discrete outer space, in row-major order of :attr:`SearchSpace.outer`
+    (of a ``search.mix``: every feasible mix, :meth:`dse.search_space.MixSearch.point`)."""
+    if space.mix is not None:
+        return [space.mix.point(c) for c in space.mix.mixes]
     grids = [p.grid() for p in space.outer]
     names = [p.name for p in space.outer]
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grids)]

@@ -47,6 +47,13 @@ METRICS: dict[str, Metric] = {
     "grads_GiB": Metric("GiB", "gradients in HBM per GPU"),
     "optimizer_GiB": Metric("GiB", "optimizer states in HBM per GPU"),
     "activations_GiB": Metric("GiB", "stored activations per GPU"),
+    # Slower memory tiers, per node (hetersim.types.TIER; the pool: this node's share of it).
+    "host_dram_used_GiB": Metric("GiB", "offloaded state in host DRAM per node"),
+    "host_dram_capacity_GiB": Metric("GiB", "host DRAM capacity per node"),
+    "cxl_expander_used_GiB": Metric("GiB", "offloaded state in CXL expanders per node"),
+    "cxl_expander_capacity_GiB": Metric("GiB", "CXL expander capacity per node"),
+    "cxl_pool_used_GiB": Metric("GiB", "offloaded state in the CXL memory pool per node"),
+    "cxl_pool_capacity_GiB": Metric("GiB", "CXL memory pool capacity per node (its share of the pool)"),
     "offload_traffic_s": Metric("s", "transfers to and from memory tiers per step, hidden or not"),
     "offload_bw_needed_GBps": Metric("GB/s", "per-GPU tier bandwidth that would hide all offload traffic"),
     "time_to_train_s": Metric("s", "time to train the token budget"),

@@ -19,6 +19,7 @@ alone. A new NSGA-II or TPE study starts with the corners of the box (:func:`cor
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import socket
@@ -42,6 +43,7 @@ STATES = ("running", "complete", "pruned", "fail", "waiting")  # optuna TrialSta
 LAYOUT_COLUMNS = (*PLAN_AXES, "dp")
 FINGERPRINT_ATTR = "hetersim_fingerprint"
 RESULT_ATTR = "hetersim"  # per trial: best layout, its metrics, class, price, power, worker
+PRUNED_ATTR = "hetersim_pruned"  # why a search.mix trial was pruned (counts over total or budget)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,11 +197,25 @@ def suggest(trial: Any, space: SearchSpace) -> dict[str, Any]:
     return point
 
 
+def complete_mix(space: SearchSpace, point: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``search.mix`` trial's full outer point (the last kind's count derived, the mix's label
+    and total added); None when no feasible mix has those counts (over the total or budget).
+    Other points are returned as they are."""
+    mix = space.mix
+    if mix is None:
+        return point
+    counts = mix.complete([point[name] for name in mix.names[:-1]])
+    if counts is None:
+        return None
+    return {**point, **mix.point(counts)}
+
+
 def record(trial: Any, solver: InnerSolver, point: Mapping[str, Any], result: Mapping[str, np.ndarray], i: int):
     """Store the best layout and its metrics with the trial and set its constraints; return its values."""
     space = solver.space
     layout = solver.layout(int(result["index"][i]), int(point["n_gpus"]))
     stored = {
+        **({"mix": {k: int(c) for k, c in point["mix"].items()}} if "mix" in point else {}),
         "layout": layout,
         "metrics": {name: _scalar(result[name][i]) for name in METRICS},
         "layout_class": int(result["cls"][i]),
@@ -212,6 +228,12 @@ def record(trial: Any, solver: InnerSolver, point: Mapping[str, Any], result: Ma
     for name, value in zip(space.constraint_names(), result["constraints"][i], strict=True):
         trial.set_constraint(name, float(value))
     return [float(result[o][i]) for o in space.objectives]
+
+
+def _limit(space: SearchSpace) -> str:
+    mix = space.mix
+    assert mix is not None
+    return f"{mix.total} GPUs" if mix.total is not None else f"${mix.budget:,.2f}/h"
 
 
 def _scalar(x: Any) -> float | int:
@@ -240,7 +262,8 @@ def optimize_loop(study: Any, solver: InnerSolver, trials: int, on_batch=None) -
     from optuna.trial import TrialState
 
     space = solver.space
-    grid_cap = space.outer_size if isinstance(study.sampler, optuna.samplers.GridSampler) else None
+    grid_size = math.prod(len(p.grid()) for p in space.outer) if space.discrete else None
+    grid_cap = grid_size if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     added = 0
     while True:
         target = trials if grid_cap is None else min(trials, grid_cap)
@@ -252,14 +275,22 @@ def optimize_loop(study: Any, solver: InnerSolver, trials: int, on_batch=None) -
         try:
             for _ in range(n):
                 asked.append(study.ask())
-            points = [suggest(t, space) for t in asked]
-            result = solver.solve(points)
-            for i, (trial, point) in enumerate(zip(asked, points, strict=True)):
+            points = [complete_mix(space, suggest(t, space)) for t in asked]
+            for trial, point in zip(asked, points, strict=True):
+                if point is None:  # search.mix: the suggested counts leave no feasible mix
+                    trial.set_user_attr(PRUNED_ATTR, f"no mix of {_limit(space)} has these counts")
+            asked_ok = [t for t, p in zip(asked, points, strict=True) if p is not None]
+            points_ok = [p for p in points if p is not None]
+            result = solver.solve(points_ok) if points_ok else {}
+            for trial in (t for t, p in zip(asked, points, strict=True) if p is None):
+                study.tell(trial, state=TrialState.PRUNED)
+                told += 1
+            for i, (trial, point) in enumerate(zip(asked_ok, points_ok, strict=True)):
                 values = record(trial, solver, point, result, i)
                 study.tell(trial, values)
                 told += 1
         except BaseException:
-            for trial in asked[told:]:
+            for trial in asked:
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             raise
         added += n
@@ -373,8 +404,18 @@ def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):
     state = np.array([int(t.state) for t in trials], np.int8)
     data["state"] = (("trial",), state, _flags("trial state (optuna)", STATES))
 
+    stored = [t.user_attrs.get(RESULT_ATTR, {}) for t in trials]
+    if space.mix is not None:
+        for kind, name in zip(space.mix.kinds, space.mix.names, strict=True):
+            counts = [r.get("mix", {}).get(kind, t.params.get(name, -1)) for r, t in zip(stored, trials, strict=True)]
+            attrs = {"long_name": f"GPUs of kind {kind} in the mix", "units": "1"}
+            data[name] = (("trial",), np.array(counts, np.int32), attrs)
+        totals = [sum(r["mix"].values()) if "mix" in r else -1 for r in stored]
+        data["n_gpus"] = (("trial",), np.array(totals, np.int32), {"long_name": COORD_ATTRS["n_gpus"][0], "units": "1"})
     for p in space.outer:
         values = [t.params.get(p.name) for t in trials]
+        if space.mix is not None and p.name != "model":
+            continue  # written above, with the derived last kind
         if p.name in ("gpu", "model"):
             labels = list(p.choices or ())
             codes = np.array([labels.index(v) if v is not None else -1 for v in values], np.int8)
@@ -388,7 +429,6 @@ def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):
             attrs = {"long_name": f"searched hardware parameter {p.param.path}", "units": p.param.units}
             data[p.name] = (("trial",), arr, attrs)
 
-    stored = [t.user_attrs.get(RESULT_ATTR, {}) for t in trials]
     layouts = [r.get("layout") for r in stored]
     for c in LAYOUT_COLUMNS:
         long_name, units = COORD_ATTRS[c]
@@ -455,7 +495,7 @@ def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):
             "objective_senses": " ".join(senses),
             "constraints": " ".join(names),
             "search_space": _json(space.describe()),
-            "outer_variables": " ".join(p.name for p in space.outer),
+            "outer_variables": " ".join(_outer_names(space)),
             "sampler": str(meta.get("sampler", "")),
             "seed": int(meta.get("seed", 0)),
             "storage": str(meta.get("storage", "")),
@@ -468,6 +508,13 @@ def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):
         }
     )
     return ds
+
+
+def _outer_names(space: SearchSpace) -> list[str]:
+    """The dataset's outer variables: every kind's count for a ``search.mix`` (the last derived)."""
+    if space.mix is None:
+        return [p.name for p in space.outer]
+    return [p.name for p in space.outer if p.name == "model"] + list(space.mix.names)
 
 
 def _flags(long_name: str, labels: Sequence[str]) -> dict[str, Any]:

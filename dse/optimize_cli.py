@@ -76,12 +76,15 @@ def _layout(t: Mapping[str, Any]) -> str:
 
 def _hardware(t: Mapping[str, Any], outer: list[str]) -> str:
     parts = []
+    mix = [k for k in outer if k.startswith("n_") and k != "n_gpus" and "gpu" not in t]  # search.mix
     for k in outer:
-        if k in ("gpu", "n_gpus", "model"):
+        if k in ("gpu", "n_gpus", "model") or k in mix:
             continue
         v = t.get(k)
         parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
     head = f"{t.get('n_gpus')}x {t.get('gpu')}"
+    if mix:
+        head = " + ".join(f"{t.get(k)}x {k[2:]}" for k in mix if t.get(k))
     if "model" in outer:
         head = f"{t.get('model')} on {head}"
     return " ".join([head, *parts])

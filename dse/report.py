@@ -6,7 +6,8 @@ study in the attributes) and writes into ``out_dir``:
 
 * ``index.html``, which opens offline (figures embedded as base64 PNG, no scripts);
 * every figure as ``<name>.png`` and ``<name>.svg``: the Pareto fronts of time to train vs cost
-  and vs energy, the step-time breakdown and the memory per GPU of the Pareto configurations,
+  and vs energy, the step-time breakdown, the memory per GPU and the memory per tier (HBM, host
+  DRAM, CXL; used against capacity) of the Pareto configurations,
   heat maps of the best objective over two study axes, and the elasticities when the dataset
   has them.
 
@@ -58,6 +59,8 @@ COLUMNS = (
     "order",
 )
 SHORT = {"micro_batch": "mb", "global_batch": "gb", "zero": "z", "seq_len": "seq", "recompute": "rc", "order": "ord"}
+# Slower memory tiers (hetersim.types.TIER after HBM): variable prefix and label.
+TIERS = (("host_dram", "host DRAM"), ("cxl_expander", "CXL expanders"), ("cxl_pool", "CXL pool"))
 MEMORY_PARTS = ("weights_GiB", "grads_GiB", "optimizer_GiB", "activations_GiB", "buffers_GiB")
 # Axis pairs for heat maps, most telling first; the first two whose axes both vary are drawn.
 HEATMAP_PAIRS = (
@@ -387,6 +390,44 @@ def section_memory(r: Results, pareto: np.ndarray, figs: Figures) -> str:
     for note in notes:
         r.notes.append("memory: " + note)
         out += f"<p>{_e(note)}.</p>"
+    return out
+
+
+def section_memory_tiers(r: Results, pareto: np.ndarray, figs: Figures) -> str:
+    """Used vs capacity per memory tier: HBM per GPU, then each slower tier per node."""
+    from dse import report_figures as rf
+
+    head = "<h2>Memory per tier of the Pareto configurations</h2>"
+    if not len(pareto):
+        return head + "<p>No Pareto configuration.</p>"
+    names = [f"{t}_{w}_GiB" for t, _ in TIERS for w in ("used", "capacity")]
+    missing = [n for n in names if n not in r.ds.variables]
+    if "hbm_used_GiB" not in r.ds.variables:
+        missing.append("hbm_used_GiB")
+    if missing:
+        note = f"the dataset has no per-tier memory variables ({', '.join(missing)}; older sweeps lack them)"
+        r.notes.append("memory per tier: not available, " + note)
+        return head + f"<p>Not available: {_e(note)}.</p>"
+    idx = shown(pareto, MAX_BARS)
+    panels: list[tuple[str, np.ndarray, np.ndarray | None]] = [
+        ("HBM per GPU [GiB]", r.values("hbm_used_GiB", idx), _hbm_capacity(r, idx))
+    ]
+    absent = []
+    for key, label in TIERS:
+        if not np.any(r.values(f"{key}_capacity_GiB") > 0):
+            absent.append(label)
+            continue
+        panels.append(
+            (f"{label} per node [GiB]", r.values(f"{key}_used_GiB", idx), r.values(f"{key}_capacity_GiB", idx))
+        )
+    fig = rf.tier_bars(_bar_rows(r, idx), panels, "Memory used against capacity, per tier")
+    caption = "Memory of the Pareto configurations per tier, used (colour) against capacity (grey): HBM per GPU, "
+    caption += "the slower tiers per node (a CXL pool: this node's share)"
+    out = head + figs.add(fig, "memory_tiers", caption + _subset_note(idx, pareto))
+    if absent:
+        note = f"no configuration has {', '.join(absent)} (zero capacity everywhere): not drawn"
+        r.notes.append("memory per tier: " + note)
+        out += f"<p>{_e(note[0].upper() + note[1:])}.</p>"
     return out
 
 
@@ -748,6 +789,7 @@ def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, vali
             pareto_table(r, records),
             section_breakdown(r, pareto, figs),
             section_memory(r, pareto, figs),
+            section_memory_tiers(r, pareto, figs),
             section_heatmaps(r, figs),
             section_sensitivity(r, pareto, figs),
         ]

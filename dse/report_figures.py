@@ -232,6 +232,35 @@ def stacked_bars(
         return fig
 
 
+def tier_bars(rows: Sequence[str], panels: Sequence[tuple[str, np.ndarray, np.ndarray | None]], title: str) -> Figure:
+    """One panel per memory tier (``(axis label, used, capacity or None)``), side by side with the
+    rows shared: per row a bar of what is used and, below it, a grey bar of the capacity."""
+    with style():
+        n, k = len(rows), len(panels)
+        fig, axes = plt.subplots(1, k, figsize=(2.2 + 2.9 * k, 1.5 + 0.3 * n), squeeze=False, sharey=True)
+        y = np.arange(n)[::-1]
+        for j, (ax, (label, used, capacity)) in enumerate(zip(axes[0], panels, strict=True)):
+            used = np.nan_to_num(np.asarray(used, dtype=float), nan=0.0)
+            ax.barh(y + 0.19, used, height=0.38, color=PALETTE[j % 10], label="used")
+            if capacity is not None:
+                cap = np.nan_to_num(np.asarray(capacity, dtype=float), nan=0.0)
+                ax.barh(y - 0.19, cap, height=0.38, color="0.78", label="capacity")
+                for yi, u, c in zip(y, used, cap, strict=True):
+                    if c > 0:
+                        ax.annotate(
+                            f"{100 * u / c:.0f}%", (max(u, c), yi), xytext=(2, 0), textcoords="offset points",
+                            va="center", fontsize=6,
+                        )  # fmt: skip
+            ax.set_xlabel(wrap(label, 30))
+            ax.grid(True, axis="x", lw=0.4, alpha=0.5)
+            ax.margins(x=0.12)
+            ax.legend(fontsize=6.5, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
+        axes[0][0].set_yticks(y, rows, fontsize=7)
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        return fig
+
+
 def signed_bars(labels: Sequence[str], values: np.ndarray, xlabel: str, title: str) -> Figure:
     """Horizontal bars around zero (elasticities: positive = the metric grows with the input)."""
     with style():

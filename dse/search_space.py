@@ -17,6 +17,12 @@ file; the format is in ``studies/README.md`` ("Optimize studies"):
     [search.price]                                       # optional linear price model: USD per GPU-hour
     hbm_bw_GBps = 0.0005                                 #   added per unit above the GPU's catalog value
 
+Mixed clusters (``hardware.cluster``) are searched with ``mix`` instead of ``gpu``/``n_gpus``:
+``mix = {kinds = [..], total = 512, step = 64}`` (counts in steps summing to the total) or
+``mix = {kinds = [..], budget_usd_per_hour = 3200, step = 64}`` (the summed hourly price within the
+budget). Optuna suggests the counts of all kinds but the last (``n_<kind>``); the last is derived
+(:class:`MixSearch`), and every feasible mix is a ``hardware.cluster`` entry of the study.
+
 Without ``[search]`` the outer variables are ``hardware.gpu`` and ``hardware.n_gpus`` (and
 ``model.key`` when it lists several models). Every problem is a one-line ``ValueError`` naming
 the file and key.
@@ -25,11 +31,12 @@ the file and key.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,9 +45,11 @@ from dse import hw_params
 from dse.metrics import METRICS, constraint_metric
 from dse.study import Study, parse_study
 
-SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW")
+SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW", "mix")
 RANGE_KEYS = ("low", "high", "step", "log")
+MIX_KEYS = ("kinds", "total", "budget_usd_per_hour", "step")
 MAX_GPU_COUNTS = 4096  # an n_gpus range expands to at most this many values
+MAX_MIXES = 4096  # a search.mix expands to at most this many mixes
 
 Kind = Literal["categorical", "int", "float"]
 
@@ -92,6 +101,63 @@ class OuterParam:
 
 
 @dataclass(frozen=True)
+class MixSearch:
+    """``search.mix``: how many GPUs of each kind, in multiples of ``step``.
+
+    Either the counts sum to ``total`` or their summed hourly price stays within ``budget``.
+    Optuna suggests the counts of every kind but the last (outer variables ``n_<kind>``); the
+    last kind's count is derived: what is left of the total, or the most whole steps the rest of
+    the budget buys. ``mixes`` are every feasible mix (counts per kind, in ``kinds`` order).
+    """
+
+    kinds: tuple[str, ...]
+    step: int
+    total: int | None
+    budget: float | None
+    prices: tuple[float, ...]  # USD per GPU-hour of each kind (catalog, hardware.set applied)
+    mixes: tuple[tuple[int, ...], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f"n_{k}" for k in self.kinds)
+
+    def complete(self, first: Sequence[int]) -> tuple[int, ...] | None:
+        """The full mix from the counts of all kinds but the last; None when none is feasible."""
+        first = tuple(int(c) for c in first)
+        if self.total is not None:
+            last = self.total - sum(first)
+        else:
+            assert self.budget is not None
+            left = self.budget - sum(c * p for c, p in zip(first, self.prices, strict=False))
+            if left < -1e-9:
+                return None
+            last = int(math.floor(left / (self.prices[-1] * self.step) + 1e-9)) * self.step
+        counts = (*first, last)
+        if last < 0 or sum(counts) <= 0:
+            return None
+        return counts
+
+    def label(self, counts: Sequence[int]) -> str:
+        """The mix as ``hardware.cluster`` writes it (kinds with a zero count left out)."""
+        return ",".join(f"{k}:{c}" for k, c in zip(self.kinds, counts, strict=True) if c > 0)
+
+    def point(self, counts: Sequence[int]) -> dict[str, Any]:
+        """The inner solver's outer point of a mix: ``n_<kind>`` counts, ``gpu`` (the mix's
+        label on the study's gpu axis), ``n_gpus`` (the total) and ``mix`` (kind -> count)."""
+        out: dict[str, Any] = dict(zip(self.names, (int(c) for c in counts), strict=True))
+        out.update(gpu=self.label(counts), n_gpus=int(sum(counts)), mix=dict(zip(self.kinds, counts, strict=True)))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kinds": list(self.kinds), "step": self.step, "n_mixes": len(self.mixes)}
+        if self.total is not None:
+            out["total"] = self.total
+        else:
+            out["budget_usd_per_hour"] = self.budget
+        return out
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     """A validated optimize study.
 
@@ -105,6 +171,7 @@ class SearchSpace:
     outer: tuple[OuterParam, ...]
     price: dict[str, float] = field(default_factory=dict)  # outer name -> USD/GPU-h per unit
     max_power_kW: float | None = None
+    mix: MixSearch | None = None  # search.mix: outer = the counts of all kinds but the last
 
     @property
     def name(self) -> str:
@@ -134,6 +201,8 @@ class SearchSpace:
     @property
     def outer_size(self) -> int | None:
         """Points of the outer grid, or None when a variable is continuous."""
+        if self.mix is not None:
+            return len(self.mix.mixes)
         return math.prod(len(p.grid()) for p in self.outer) if self.discrete else None
 
     def constraint_names(self) -> list[str]:
@@ -145,6 +214,8 @@ class SearchSpace:
 
     def describe(self) -> dict[str, Any]:
         out = {p.name: p.describe() for p in self.outer}
+        if self.mix is not None:
+            out["mix"] = self.mix.describe()
         if self.price:
             out["price"] = dict(self.price)
         if self.max_power_kW is not None:
@@ -182,7 +253,17 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
         hardware = doc["hardware"] = {}  # parse_study reports what is missing
 
     moved: dict[str, str] = {}
-    if "gpu" in search:
+    mix = None
+    if "mix" in search:
+        for key in ("gpu", "n_gpus"):
+            if key in search:
+                raise _err(origin, f"search.{key}", "give either search.mix or search.gpu/search.n_gpus, not both")
+        mix = _mix(origin, search["mix"], doc, base)
+        for key in ("gpu", "n_gpus", "cluster"):
+            hardware.pop(key, None)
+        hardware["cluster"] = [mix.label(c) for c in mix.mixes]
+        moved["hardware.cluster"] = "search.mix"
+    elif "gpu" in search:
         hardware["gpu"] = search["gpu"]
         moved["hardware.gpu"] = "search.gpu"
     n_range = None
@@ -203,17 +284,22 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
             message = message.replace(f": {old}:", f": {new}:")
         raise ValueError(message) from None
     study = _with_text(study, text)
-    if getattr(study, "clusters", None):
-        raise _err(origin, "hardware.cluster", "mixed clusters are not searched yet; list GPU kinds in search.gpu")
+    if study.clusters and mix is None:
+        raise _err(origin, "hardware.cluster", "mixed clusters are searched with search.mix (kinds and counts)")
 
     outer: list[OuterParam] = []
     if len(study.axes["model"]) > 1:
         outer.append(OuterParam("model", "categorical", choices=study.axes["model"]))
-    outer.append(OuterParam("gpu", "categorical", choices=study.axes["gpu"]))
-    if n_range is not None:
-        outer.append(_param("n_gpus", "int", n_range))
+    if mix is not None:
+        for i, name in enumerate(mix.names[:-1]):
+            high = max(c[i] for c in mix.mixes)
+            outer.append(OuterParam(name, "int", low=0, high=high, step=mix.step))
     else:
-        outer.append(OuterParam("n_gpus", "int", choices=study.axes["n_gpus"]))
+        outer.append(OuterParam("gpu", "categorical", choices=study.axes["gpu"]))
+        if n_range is not None:
+            outer.append(_param("n_gpus", "int", n_range))
+        else:
+            outer.append(OuterParam("n_gpus", "int", choices=study.axes["n_gpus"]))
 
     seen_paths: dict[str, str] = {}
     for key, value in search.items():
@@ -224,6 +310,8 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
         except ValueError:
             allowed = f"{', '.join(SEARCH_KEYS)} or a continuous hardware parameter ({', '.join(hw_params.ALIASES)})"
             raise _err(origin, f"search.{key}", f"unknown key; allowed: {allowed}") from None
+        if mix is not None:
+            raise _err(origin, f"search.{key}", "searched hardware parameters cannot be combined with search.mix")
         if param.path in seen_paths:
             raise _err(origin, f"search.{key}", f"sets the same parameter as search.{seen_paths[param.path]}")
         seen_paths[param.path] = key
@@ -241,12 +329,93 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
     if "max_power_kW" in search:
         max_power = _positive(origin, "search.max_power_kW", search["max_power_kW"])
     _check_constraints(origin, study.constraints)
-    return SearchSpace(study=study, text=text, origin=origin, outer=tuple(outer), price=price, max_power_kW=max_power)
+    return SearchSpace(
+        study=study, text=text, origin=origin, outer=tuple(outer), price=price, max_power_kW=max_power, mix=mix
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Pieces
 # --------------------------------------------------------------------------------------------
+
+
+def _mix(origin: str, table: Any, doc: Mapping[str, Any], base: Path | None) -> MixSearch:
+    """``search.mix``, validated, with every feasible mix enumerated."""
+    key = "search.mix"
+    if not isinstance(table, dict):
+        raise _err(origin, key, f"must be a table {{kinds = [..], total = .., step = ..}}; got {table!r}")
+    for k in table:
+        if k not in MIX_KEYS:
+            raise _err(origin, f"{key}.{k}", f"unknown key; allowed: {', '.join(MIX_KEYS)}")
+    kinds = table.get("kinds")
+    from hetersim.cluster import MAX_GROUPS
+
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds) or len(kinds) < 2:
+        raise _err(origin, f"{key}.kinds", f"must be a list of at least two GPU catalog keys; got {kinds!r}")
+    if len(set(kinds)) != len(kinds):
+        raise _err(origin, f"{key}.kinds", "duplicate kinds")
+    if len(kinds) > MAX_GROUPS:
+        raise _err(origin, f"{key}.kinds", f"{len(kinds)} kinds; at most {MAX_GROUPS}")
+    step = table.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+        raise _err(origin, f"{key}.step", f"must be a positive integer; got {step!r}")
+    if ("total" in table) == ("budget_usd_per_hour" in table):
+        raise _err(origin, key, "give exactly one of total (GPUs) or budget_usd_per_hour")
+    total = budget = None
+    if "total" in table:
+        total = table["total"]
+        if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+            raise _err(origin, f"{key}.total", f"must be a positive integer; got {total!r}")
+        if total % step:
+            raise _err(origin, f"{key}.step", f"does not divide search.mix.total ({step} into {total})")
+    else:
+        budget = _positive(origin, f"{key}.budget_usd_per_hour", table["budget_usd_per_hour"])
+
+    # The kinds' catalog entries (and hourly prices, hardware.set applied): parse the study once
+    # with a one-GPU-each mix and a trivial plan (the real one is checked with the real mixes).
+    probe = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
+    probe["plan"] = {"global_batch": 1, "seq_len": 1}
+    probe.pop("constraints", None)
+    hardware = probe.setdefault("hardware", {})
+    if isinstance(hardware, dict):
+        for k in ("gpu", "n_gpus", "cluster"):
+            hardware.pop(k, None)
+        hardware["cluster"] = ",".join(f"{k}:1" for k in kinds)
+    try:
+        study = parse_study(_toml_dumps(probe), origin=origin, base=base)
+    except ValueError as error:
+        message = str(error).replace(": hardware.gpu:", f": {key}.kinds:").replace(": hardware.cluster:", f": {key}:")
+        raise ValueError(message) from None
+    prices = tuple(float(study.gpus[k].get("price_usd_per_hour", 0.0)) for k in kinds)
+    if budget is not None:
+        for k, p in zip(kinds, prices, strict=True):
+            if p <= 0:
+                raise _err(origin, f"{key}.kinds", f"{k} has no hourly price (price_usd_per_hour); a budget needs one")
+
+    partial = MixSearch(kinds=tuple(kinds), step=step, total=total, budget=budget, prices=prices, mixes=())
+    if total is not None:
+        highs = [total] * (len(kinds) - 1)
+    else:
+        assert budget is not None
+        highs = [int(math.floor(budget / (p * step) + 1e-9)) * step for p in prices[:-1]]
+    n_candidates = math.prod(h // step + 1 for h in highs)
+    if n_candidates > 64 * MAX_MIXES:
+        raise _err(origin, f"{key}.step", f"expands to {n_candidates:,} candidate mixes; raise the step")
+    mixes = []
+    for first in itertools.product(*(range(0, h + 1, step) for h in highs)):
+        counts = partial.complete(first)
+        if counts is not None:
+            mixes.append(counts)
+    if not mixes:
+        cheapest = min(prices) * step
+        raise _err(
+            origin,
+            f"{key}.budget_usd_per_hour",
+            f"{budget} buys no mix (one step of {step} GPUs of the cheapest kind costs ${cheapest:,.2f}/h)",
+        )
+    if len(mixes) > MAX_MIXES:
+        raise _err(origin, f"{key}.step", f"expands to {len(mixes):,} mixes (at most {MAX_MIXES}); raise the step")
+    return dataclasses.replace(partial, mixes=tuple(mixes))
 
 
 def _err(origin: str, key: str | None, message: str) -> ValueError:
@@ -378,4 +547,4 @@ def _toml_dumps(doc: Mapping[str, Any], prefix: str = "") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["OuterParam", "SearchSpace", "load_search", "parse_search"]
+__all__ = ["MixSearch", "OuterParam", "SearchSpace", "load_search", "parse_search"]

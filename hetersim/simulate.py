@@ -76,6 +76,32 @@ class Breakdown:
     tier_bw_needed_GBps: Any  # [N_TIERS] per-GPU bandwidth that would hide each tier's traffic
     offload_bw_needed_GBps: Any  # the largest of tier_bw_needed_GBps
 
+    # Per-node memory of the slower tiers, one name per tier (index i of the TIER arrays); a
+    # sweep stores them as metrics (dse.metrics.METRICS).
+    @property
+    def host_dram_used_GiB(self):
+        return self.tier_used_GiB[..., 1]
+
+    @property
+    def cxl_expander_used_GiB(self):
+        return self.tier_used_GiB[..., 2]
+
+    @property
+    def cxl_pool_used_GiB(self):
+        return self.tier_used_GiB[..., 3]
+
+    @property
+    def host_dram_capacity_GiB(self):
+        return self.tier_capacity_GiB[..., 1]
+
+    @property
+    def cxl_expander_capacity_GiB(self):
+        return self.tier_capacity_GiB[..., 2]
+
+    @property
+    def cxl_pool_capacity_GiB(self):
+        return self.tier_capacity_GiB[..., 3]
+
 
 def _flag(cond, bit):
     return jnp.where(cond, jnp.int32(int(bit)), jnp.int32(0))

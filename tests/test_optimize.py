@@ -365,10 +365,10 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path, kwargs, old, new, needle
     assert needle in message and "\n" not in message
 
 
-def test_mixed_clusters_are_not_searched(tmp_path):
+def test_mixed_clusters_are_searched_with_search_mix(tmp_path):
     text = STUDY.read_text().split("\n[search]\n")[0]
     text = text.replace('gpu = "h100-sxm-80gb"', 'cluster = "h100-sxm-80gb:32,h200-sxm-141gb:32"')
-    with pytest.raises(ValueError, match="hardware.cluster: mixed clusters are not searched yet"):
+    with pytest.raises(ValueError, match="hardware.cluster: mixed clusters are searched with search.mix"):
         parse_search(text)
 
 
@@ -513,3 +513,107 @@ def test_hypervolume_2d_by_hand():
     assert hypervolume_2d(-pts, (-4.0, -4.0), senses=["max", "max"]) == pytest.approx(6.0)
     assert hypervolume_2d(np.empty((0, 2)), (1.0, 1.0)) == 0.0
     assert non_dominated(np.array([[1.0, np.nan], [2.0, 2.0]])).tolist() == [False, True]
+
+
+# --------------------------------------------------------------------------------------------
+# Mixed clusters: search.mix (kinds and counts, by total or by hourly budget)
+# --------------------------------------------------------------------------------------------
+
+MIX_STUDY = """
+name = "mix-tiny"
+objectives = ["time_to_train_s", "cost_usd"]
+
+[model]
+key = "llama2-7b"
+
+[hardware]
+hetero = "pipeline"
+
+[plan]
+tp = [1, 2]
+pp = [2, 4]
+micro_batch = [1]
+zero = [1]
+recompute = ["selective"]
+global_batch = 256
+seq_len = 4096
+train_tokens = 1.0e11
+
+[constraints]
+max_hbm_frac = 0.95
+
+[search]
+"""
+MIX_TOTAL = 'mix = { kinds = ["h100-sxm-80gb", "h200-sxm-141gb"], total = 64, step = 16 }'
+MIX_BUDGET = 'mix = { kinds = ["h100-sxm-80gb", "h200-sxm-141gb", "b200"], budget_usd_per_hour = 500, step = 16 }'
+MIX_BATCH = 8  # every mix test shares one compiled inner solver (same batch and layout chunk)
+
+
+def mix_file(tmp_path: Path, line: str) -> Path:
+    path = tmp_path / "mix.toml"
+    path.write_text(MIX_STUDY + line + "\n")
+    return path
+
+
+def test_mix_search_finds_the_exhaustive_best(tmp_path, cal, capsys):
+    space = parse_search(MIX_STUDY + MIX_TOTAL)
+    assert space.mix is not None and space.outer_size == 5
+    assert [p.name for p in space.outer] == ["n_h100-sxm-80gb"]
+    assert all(sum(c) == 64 for c in space.mix.mixes)
+    points, res = exhaustive(InnerSolver(space, batch=MIX_BATCH, cal=cal))
+    ok = res["constraints"].max(axis=1) <= 0
+    best = float(res["time_to_train_s"][ok].min())
+
+    s = run_optimize(mix_file(tmp_path, MIX_TOTAL), 8, out=tmp_path, progress=False, batch=MIX_BATCH, cal=cal)
+    with xr.open_dataset(s["path"]) as ds:
+        done = ds.feasible.values.astype(bool)
+        found = float(ds.time_to_train_s.values[done].min())
+        counts = np.stack([ds["n_h100-sxm-80gb"].values, ds["n_h200-sxm-141gb"].values], axis=1)
+        assert np.all(counts[done].sum(axis=1) == 64) and np.all(ds.n_gpus.values[done] == 64)
+    with capsys.disabled():
+        print(f"\nmix search: best time-to-train {found:.6g} s, exhaustive {best:.6g} s over {len(points)} mixes")
+    assert found == pytest.approx(best, rel=1e-6)
+    assert set(s["best"]["time_to_train_s"]) >= {"n_h100-sxm-80gb", "n_h200-sxm-141gb"}
+
+
+def test_mix_budget_never_proposes_a_mix_over_budget(tmp_path, cal):
+    space = parse_search(MIX_STUDY + MIX_BUDGET)
+    mix = space.mix
+    assert mix is not None and mix.budget == 500
+    spend = [sum(c * p for c, p in zip(m, mix.prices, strict=True)) for m in mix.mixes]
+    assert max(spend) <= 500 and all(sum(m) > 0 for m in mix.mixes)
+    # The last kind takes every whole step the rest of the budget buys.
+    assert all(500 - s < mix.prices[-1] * mix.step for s in spend)
+    s = run_optimize(
+        mix_file(tmp_path, MIX_BUDGET), 16, sampler="random", out=tmp_path, progress=False, batch=MIX_BATCH, cal=cal
+    )
+    with xr.open_dataset(s["path"]) as ds:
+        done = ds.state.values == 1
+        counts = np.stack([ds[n].values for n in mix.names], axis=1)
+        assert done.any()
+        assert np.all(counts[done] @ np.asarray(mix.prices) <= 500 + 1e-9)
+        assert {tuple(c) for c in counts[done]} <= set(mix.mixes)
+        assert np.all(ds.state.values[~done] == 2)  # the rest are pruned: counts over budget
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ('mix = { kinds = ["h100-sxm-80gb", "h900"], total = 64, step = 16 }', "search.mix.kinds"),
+        ('mix = { kinds = ["h100-sxm-80gb", "h200-sxm-141gb"], total = 64, step = 24 }', "search.mix.step"),
+        (
+            'mix = { kinds = ["h100-sxm-80gb", "h200-sxm-141gb"], budget_usd_per_hour = 50, step = 16 }',
+            "search.mix.budget_usd_per_hour",
+        ),
+        ('mix = { kinds = ["h100-sxm-80gb"], total = 64, step = 16 }', "search.mix.kinds"),
+        ('mix = { kinds = ["h100-sxm-80gb", "b200"], step = 16 }', "search.mix"),
+        ('mix = { kinds = ["h100-sxm-80gb", "b200"], total = 64, step = 16, x = 1 }', "search.mix.x"),
+        ('mix = { kinds = ["h100-sxm-80gb", "b200"], total = 64, step = 16 }\nhbm_bw_GBps = [3000.0]', "search.hbm_bw"),
+        ('mix = { kinds = ["h100-sxm-80gb", "b200"], total = 64, step = 16 }\ngpu = ["b200"]', "search.gpu"),
+    ],
+)
+def test_mix_bad_input_is_one_line_naming_the_key(line, needle):
+    with pytest.raises(ValueError) as info:
+        parse_search(MIX_STUDY + line)
+    message = str(info.value)
+    assert needle in message and "\n" not in message

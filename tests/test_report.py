@@ -190,7 +190,7 @@ def report(tiny_nc):
 def test_report_writes_page_and_figures(tiny_nc, report):
     out = tiny_nc.with_suffix("")
     assert report.index == out / "index.html" and report.index.is_file()
-    expected = {"front_cost", "front_energy", "breakdown", "memory"}
+    expected = {"front_cost", "front_energy", "breakdown", "memory", "memory_tiers"}
     assert expected <= set(report.figures)
     assert any(name.startswith("heatmap_") for name in report.figures)
     for paths in report.figures.values():
@@ -200,8 +200,8 @@ def test_report_writes_page_and_figures(tiny_nc, report):
         assert "<svg" in svg and len(svg) > 2000
     page = report.index.read_text()
     for text in ("tiny_report", "Pareto fronts", "The Pareto set", "Step-time breakdown", "Memory per GPU",
-                 "Best objective over two study axes", "Sensitivities: not available", "MAPE", "Study file",
-                 "Versions and calibration"):  # fmt: skip
+                 "Memory per tier", "Best objective over two study axes", "Sensitivities: not available", "MAPE",
+                 "Study file", "Versions and calibration"):  # fmt: skip
         assert text in page, text
     # Offline: every image is embedded, every link points at a file written beside the page.
     assert re.findall(r'<img src="(?!data:image/png;base64,)', page) == []
@@ -286,6 +286,66 @@ def test_report_of_optimize_style_results_with_elasticities_and_missing_parts(ti
     assert "step_time_s_hbm_bw_GBps" in page and "Sensitivities: not available" not in page
     assert "activations_GiB" in page and "bubble_s" in page  # the page says what it could not show
     assert any("activations_GiB" in note for note in printed["notes"])
+
+
+OFFLOADING = """\
+name = "tiny_tiers"
+description = "optimizer states on CXL expanders: the memory-per-tier figure has HBM, host DRAM and CXL"
+objectives = ["time_to_train_s", "cost_usd"]
+
+[model]
+key = "llama2-7b"
+
+[hardware]
+gpu = ["h100-sxm-80gb"]
+n_gpus = [8, 16]
+
+[hardware.set]
+cxl_expander = "micron-cz120:2"
+
+[plan]
+tp = [1, 2]
+pp = [1, 2]
+micro_batch = [1, 2]
+zero = [1, 3]
+recompute = ["none", "full"]
+global_batch = 64
+seq_len = 2048
+train_tokens = 1.0e11
+offload = { optimizer = "cxl-expander" }
+"""
+
+
+def test_memory_per_tier_figure_of_an_offloading_study(tmp_path):
+    study = tmp_path / "tiny_tiers.toml"
+    study.write_text(OFFLOADING)
+    nc = sweep.run_sweep(study, tmp_path, chunk=256, progress=False)
+    rep = build_report(nc, tmp_path / "rep", validation=False)
+    paths = rep.figures["memory_tiers"]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 2000
+    svg = paths["svg"].read_text()
+    for label in ("HBM per GPU", "host DRAM per node", "CXL expanders per node", "capacity"):
+        assert label in svg, label
+    assert "CXL pool per node" not in svg  # no pool anywhere: the tier is skipped and the page says so
+    page = rep.index.read_text()
+    assert "Memory per tier" in page and "CXL pool (zero capacity everywhere)" in page
+    row = rep.summary["pareto"][0]
+    assert row["cxl_expander_capacity_GiB"] == pytest.approx(2 * 256.0)
+    assert 0 < row["cxl_expander_used_GiB"] < row["cxl_expander_capacity_GiB"]
+
+
+def test_report_without_per_tier_memory_says_so(tiny_nc, tmp_path):
+    """A dataset written before the per-tier variables existed still reports; the section says why not."""
+    with xr.open_dataset(tiny_nc) as ds:
+        ds = ds.load()
+    ds = ds.drop_vars([n for n in ds.data_vars if n.startswith(("host_dram_", "cxl_"))])
+    path = tmp_path / "old.nc"
+    ds.to_netcdf(path)
+    rep = build_report(path, tmp_path / "old", validation=False)
+    assert "memory_tiers" not in rep.figures and "memory" in rep.figures
+    page = rep.index.read_text()
+    assert "Memory per tier" in page and "Not available: the dataset has no per-tier memory variables" in page
+    assert any(note.startswith("memory per tier: not available") for note in rep.summary["notes"])
 
 
 def test_report_without_feasible_configurations(tiny_nc, tmp_path):
