@@ -32,7 +32,7 @@ import numpy as np
 
 from dse.inner import InnerSolver
 from dse.metrics import METRICS
-from dse.pareto_small import non_dominated
+from dse.pareto import pareto_mask
 from dse.search_space import SearchSpace, load_search
 from dse.study import CATEGORICAL, PLAN_AXES
 from dse.sweep import COORD_ATTRS, package_versions
@@ -479,7 +479,7 @@ def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):
     senses = [METRICS[o].sense for o in space.objectives]
     pareto = np.zeros(n, dtype=bool)
     if feasible.any():
-        pareto[np.flatnonzero(feasible)[non_dominated(values[feasible], senses)]] = True
+        pareto[np.flatnonzero(feasible)[pareto_mask(values[feasible], senses)]] = True
     data["pareto"] = (("trial",), pareto.astype(np.int8), _flags("on the Pareto set of feasible trials", ("no", "yes")))
 
     variables = {k: xr.Variable(dims, arr, attrs) for k, (dims, arr, attrs) in data.items()}

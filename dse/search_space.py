@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from dse import hw_params
 from dse.metrics import METRICS, constraint_metric
-from dse.study import Study, parse_study
+from dse.study import Study, parse_study, read_study_text
 
 SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW", "mix")
 RANGE_KEYS = ("low", "high", "step", "log")
@@ -231,13 +231,7 @@ class SearchSpace:
 def load_search(path: str | Path) -> SearchSpace:
     """Read and validate an optimize study (a study file, with or without ``[search]``)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"study file {path}: not found") from None
-    except OSError as error:
-        raise ValueError(f"study file {path}: cannot read ({error.strerror})") from None
-    return parse_search(text, origin=str(path), base=path.parent)
+    return parse_search(read_study_text(path), origin=str(path), base=path.parent)
 
 
 def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -> SearchSpace:

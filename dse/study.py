@@ -122,16 +122,20 @@ class Study:
 # --------------------------------------------------------------------------------------------
 
 
-def load_study(path: str | Path | None = None, catalog: Catalog | None = None) -> Study:
-    """Read and validate a study file (default: the packaged :data:`DEFAULT_STUDY`)."""
-    path = Path(path) if path is not None else DEFAULT_STUDY
+def read_study_text(path: Path) -> str:
+    """A study file's text, or a one-line ``ValueError`` naming the file."""
     try:
-        text = path.read_text()
+        return path.read_text()
     except FileNotFoundError:
         raise ValueError(f"study file {path}: not found") from None
     except OSError as error:
         raise ValueError(f"study file {path}: cannot read ({error.strerror})") from None
-    return parse_study(text, origin=str(path), base=path.parent, catalog=catalog)
+
+
+def load_study(path: str | Path | None = None, catalog: Catalog | None = None) -> Study:
+    """Read and validate a study file (default: the packaged :data:`DEFAULT_STUDY`)."""
+    path = Path(path) if path is not None else DEFAULT_STUDY
+    return parse_study(read_study_text(path), origin=str(path), base=path.parent, catalog=catalog)
 
 
 def parse_study(text: str, origin: str = "<study>", base: Path | None = None, catalog: Catalog | None = None) -> Study:

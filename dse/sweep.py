@@ -41,7 +41,7 @@ import numpy as np
 
 from dse.metrics import DERIVED, METRICS, constraint_metric
 from dse.pareto import pareto_mask
-from dse.study import CATEGORICAL, Study, load_study
+from dse.study import CATEGORICAL, PLAN_AXES, Study, load_study
 from hetersim import build
 from hetersim.calibration import load_calibration
 from hetersim.cluster import ClusterSpec, cluster_spec, simulate_cluster
@@ -63,25 +63,7 @@ PARETO_BIT = 1  # kept_because: bit 0 the Pareto set, bit 1 + i the top-k of obj
 # Every plan field a configuration takes from the space, in coordinate order. ``model`` and
 # ``gpu`` are indices into the study's lists; categoricals are hetersim.types codes; ``sp`` is
 # -1 (on when tp > 1), 0 or 1 in the tables and 0 or 1 in the results.
-COLUMNS = (
-    "model",
-    "gpu",
-    "n_gpus",
-    "tp",
-    "pp",
-    "cp",
-    "micro_batch",
-    "global_batch",
-    "dp",
-    "vp",
-    "zero",
-    "recompute",
-    "sp",
-    "precision",
-    "seq_len",
-    "attention",
-    "order",
-)
+COLUMNS = ("model", "gpu", "n_gpus", *PLAN_AXES[:5], "dp", *PLAN_AXES[5:])
 CODE_COLUMNS = ("model", "gpu", "recompute", "sp", "precision", "attention", "order")
 FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams")  # shared by all
 LAYOUT_COLUMNS = ("n_gpus", "tp", "pp", "cp", "micro_batch", "global_batch")

@@ -26,7 +26,7 @@ from dse.cli import configuration
 from dse.inner import InnerSolver, exhaustive, outer_grid
 from dse.optimize import run_optimize
 from dse.optimize_cli import optimize_command, sensitivity_report
-from dse.pareto_small import hypervolume_2d, non_dominated
+from dse.pareto import hypervolume, pareto_mask
 from dse.search_space import load_search, parse_search
 from dse.sensitivity import grid_continuous, sensitivity, tune_continuous
 from hetersim import build
@@ -55,7 +55,7 @@ def reference(solver):
     points, res = exhaustive(solver)
     feasible = res["constraints"].max(axis=1) <= 0
     values = np.stack([res["time_to_train_s"], res["cost_usd"]], axis=1).astype(np.float64)[feasible]
-    front = values[non_dominated(values)]
+    front = values[pareto_mask(values)]
     ideal, nadir = front.min(axis=0), front.max(axis=0)
     ref = nadir + 0.1 * (nadir - ideal)
     return {
@@ -63,7 +63,7 @@ def reference(solver):
         "result": res,
         "best_time": float(values[:, 0].min()),
         "ref": ref,
-        "hv": hypervolume_2d(values, ref),
+        "hv": hypervolume(values, ref),
         "front": front,
     }
 
@@ -74,7 +74,7 @@ def judge(path: Path, reference) -> tuple[float, float]:
         ok = ds.feasible.values.astype(bool)
         values = np.stack([ds.time_to_train_s.values, ds.cost_usd.values], axis=1)[ok]
     gap = values[:, 0].min() / reference["best_time"] - 1.0
-    return float(gap), hypervolume_2d(values, reference["ref"]) / reference["hv"]
+    return float(gap), hypervolume(values, reference["ref"]) / reference["hv"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_dataset_and_journal(tmp_path, space):
         pareto = ds.pareto.values.astype(bool)
         assert pareto.any() and not (pareto & ~feasible).any()
         values = np.stack([ds.time_to_train_s.values, ds.cost_usd.values], axis=1)
-        assert np.array_equal(pareto[feasible], non_dominated(values[feasible]))
+        assert np.array_equal(pareto[feasible], pareto_mask(values[feasible]))
         assert ds.attrs["study_toml"] == STUDY.read_text()
         # each trial's best layout divides its GPU count
         ok = ds.layout_class.values <= 1
@@ -499,20 +499,20 @@ def _naive_front(p: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(*[st.integers(0, 6)] * 3), min_size=1, max_size=40))
-def test_non_dominated_equals_naive(rows):
+def test_pareto_mask_equals_naive(rows):
     p = np.array(rows, dtype=float)
-    assert np.array_equal(non_dominated(p), _naive_front(p))
-    flipped = non_dominated(-p, senses=["max"] * 3)
+    assert np.array_equal(pareto_mask(p), _naive_front(p))
+    flipped = pareto_mask(-p, senses=["max"] * 3)
     assert np.array_equal(flipped, _naive_front(p))
 
 
-def test_hypervolume_2d_by_hand():
+def test_hypervolume_by_hand():
     pts = np.array([[1.0, 3.0], [2.0, 2.0], [3.0, 1.0], [3.5, 3.5], [5.0, 0.5]])
     # rectangles to the reference (4, 4): 1*1 + 1*2 + 1*3; (3.5, 3.5) is dominated, (5, 0.5) beyond ref
-    assert hypervolume_2d(pts, (4.0, 4.0)) == pytest.approx(6.0)
-    assert hypervolume_2d(-pts, (-4.0, -4.0), senses=["max", "max"]) == pytest.approx(6.0)
-    assert hypervolume_2d(np.empty((0, 2)), (1.0, 1.0)) == 0.0
-    assert non_dominated(np.array([[1.0, np.nan], [2.0, 2.0]])).tolist() == [False, True]
+    assert hypervolume(pts, (4.0, 4.0)) == pytest.approx(6.0)
+    assert hypervolume(-pts, (-4.0, -4.0), senses=["max", "max"]) == pytest.approx(6.0)
+    assert hypervolume(np.empty((0, 2)), (1.0, 1.0)) == 0.0
+    assert pareto_mask(np.array([[1.0, np.nan], [2.0, 2.0]])).tolist() == [False, True]
 
 
 # --------------------------------------------------------------------------------------------
