@@ -385,15 +385,19 @@ def validate_cmd(
     json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON to this file."),
     worst: int = typer.Option(5, "--worst", help="How many of the worst rows to list again."),
     catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
+    stacks_file: Path | None = typer.Option(
+        None, "--stacks", help="Software-stack facts TOML matched by each row's source (default: the packaged one)."
+    ),
 ) -> None:
     """Predict published training runs and report the step-time error."""
     from hetersim import validation
+    from hetersim.stacks import load_stacks
 
     if worst < 0:
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
     catalog = load_catalog(catalog_files)
     path = runs or validation.default_runs_path()
-    rows = validation.read_runs(path)
+    rows = validation.read_runs(path, load_stacks(stacks_file))
     validate_memory = getattr(validation, "validate_memory", None)
     if memory is not None and validate_memory is None:
         raise ValueError("--memory: this version has no memory validation (hetersim.validation.validate_memory)")

@@ -66,6 +66,10 @@ def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:
             gemm_eff=np.array(effs),
             attn_eff_fwd=float(gpu["attn_eff_fwd"]),
             attn_eff_bwd=float(gpu["attn_eff_bwd"]),
+            # FlashAttention-2-class kernels: the device's own figure where measured, else the
+            # fastest kernel's (FlashAttention-2 is the fastest kernel on Ampere).
+            attn2_eff_fwd=float(gpu.get("attn2_eff_fwd") or gpu["attn_eff_fwd"]),
+            attn2_eff_bwd=float(gpu.get("attn2_eff_bwd") or gpu["attn_eff_bwd"]),
             hbm_capacity_GiB=float(gpu["hbm_capacity_GiB"]),
             hbm_bw_GBps=float(gpu["hbm_bw_GBps"]),
             tdp_W=float(gpu["tdp_W"]),

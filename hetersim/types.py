@@ -15,8 +15,12 @@ RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 PRECISION: tuple[Precision, ...] = ("bf16", "fp16", "fp8", "fp32")
 
-Attention = Literal["flash", "materialized"]
-ATTENTION: tuple[Attention, ...] = ("flash", "materialized")
+# "flash": the fastest fused attention kernel of the device (FlashAttention-3 / cuDNN on Hopper,
+# FlashAttention-2 on Ampere); "materialized": an s x s score matrix (pre-2023 Megatron-LM);
+# "flash2": FlashAttention-2-class kernels (PyTorch SDPA's default flash backend), which on
+# Hopper and newer reach about half of the fastest kernel.
+Attention = Literal["flash", "materialized", "flash2"]
+ATTENTION: tuple[Attention, ...] = ("flash", "materialized", "flash2")
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").
 Tier = Literal["hbm", "host-dram", "cxl-expander", "cxl-pool"]

@@ -24,6 +24,8 @@ import numpy as np
 from . import build
 from .simulate import simulate
 from .specs import Calibration
+from .stacks import Stack, load_stacks, stack_for
+from .types import ATTENTION
 from .terms.flops import megatron_flops_per_token
 
 REQUIRED_COLUMNS = (
@@ -44,10 +46,16 @@ class Row:
     source: str
     fields: dict[str, str]
     complete: bool  # the source states every column (empty ``assumed``)
+    stack: Stack | None = None  # software-stack facts matched by ``source`` (data/stacks.toml)
 
 
-def read_runs(path: str | Path) -> list[Row]:
-    """Read a runs CSV, validating its header and every value used; one-line errors."""
+def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[Row]:
+    """Read a runs CSV, validating its header and every value used; one-line errors.
+
+    Each row is matched to a software stack (``stacks``, default ``data/stacks.toml``) by its
+    ``source``, for the facts the CSV has no column for.
+    """
+    stacks = load_stacks() if stacks is None else stacks
     path = Path(path)
     try:
         text = path.read_text()
@@ -61,7 +69,7 @@ def read_runs(path: str | Path) -> list[Row]:
     for i, rec in enumerate(reader, start=2):
         if None in rec or any(v is None for v in rec.values()):
             raise ValueError(f"{path}: line {i}: wrong number of fields")
-        rows.append(Row(rec["id"], rec["source"], rec, not rec["assumed"].strip()))
+        rows.append(Row(rec["id"], rec["source"], rec, not rec["assumed"].strip(), stack_for(rec["source"], stacks)))
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows
@@ -113,7 +121,7 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         dp=dp,
         cp=cp,
         sp=bool(n("sp")),
-        zero=int(n("zero")),
+        zero=_zero(row, dp * cp, int(n("zero"))),
         micro_batch=micro,
         global_batch=glob,
         seq_len=int(n("seq_len")),
@@ -125,15 +133,28 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
     return dict(model=model, gpu=gpu, scaleup_domain=n("scaleup_domain"), plan=plan)
 
 
+def _zero(row: Row, shard_group: int, zero: int) -> int:
+    """The row's ZeRO stage; a stack that always shards over dp x cp (FSDP over the dp x cp
+    mesh) runs stage 3 where the row writes 0 for dp = 1."""
+    if row.stack is not None and row.stack.shards_over_cp and zero == 0 and shard_group > 1:
+        return 3
+    return zero
+
+
 def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
-    """``flash`` unless the row's optional ``attention`` column says otherwise, or the device
-    has no flash-attention kernel (V100: FlashAttention needs Ampere or newer)."""
+    """The row's optional ``attention`` column, else its stack's attention kernel, else ``flash``;
+    ``materialized`` on devices without flash-attention kernels (V100: FlashAttention needs
+    Ampere or newer)."""
     value = (row.fields.get("attention") or "").strip()
     if value:
-        if value not in ("flash", "materialized"):
-            raise ValueError(f"{path}: row {row.id}: column attention must be flash or materialized; got {value!r}")
+        if value not in ATTENTION:
+            raise ValueError(f"{path}: row {row.id}: column attention must be one of {', '.join(ATTENTION)}; got {value!r}")
         return value
-    return "flash" if gpu.get("flash_attention", True) else "materialized"
+    if not gpu.get("flash_attention", True):
+        return "materialized"
+    if row.stack is not None and row.stack.attention:
+        return row.stack.attention
+    return "flash"
 
 
 def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs") -> tuple[float, str]:
@@ -266,6 +287,7 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dic
                 infeasible_code=int(flags[i]),
                 complete=row.complete,
                 substituted=prep.substituted[i],
+                stack=row.stack.key if row.stack else "",
                 hbm_used_GiB=float(np.asarray(out.hbm_used_GiB)[i]),
             )
         )

@@ -265,6 +265,14 @@ def test_validate_json_report(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary file
 
 
+def test_validate_rejects_a_bad_stacks_file(tmp_path):
+    bad = tmp_path / "stacks.toml"
+    bad.write_text('[old]\nmatch = ["Narayanan"]\nattention = "sparse"\n')
+    out = tmp_path / "v.json"
+    assert_user_error(run(["validate", "--stacks", bad, "--json", out]), str(bad), "attention", "flash2")
+    assert not out.exists()
+
+
 def test_calibrate_writes_a_loadable_calibration(tmp_path):
     from hetersim.calibration import BOUNDS, load_calibration
 

@@ -1,13 +1,11 @@
 """Accuracy against published training runs, reported as numbers and bounded.
 
-The bounds are the accuracy this model reaches today (see README, "Validation"); a change that
-makes any of them worse fails here. They are looser than the targets of the core-model issue,
-which the model does not meet yet.
+The bounds are the accuracy this model reaches today (see README, "Validation"), a little
+loose for float noise; a change that makes any of them worse fails here. The packaged runs file
+is a verbatim copy of the published-runs table, so these are also the figures on that file.
 """
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
@@ -33,13 +31,15 @@ def test_step_time_error_is_bounded(report):
         f"\nMAPE all {report['mape_step_time_pct']:.1f}%  complete rows {report['mape_step_time_pct_complete']:.1f}%"
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
-    assert report["mape_step_time_pct"] <= 14.5
+    assert report["mape_step_time_pct"] <= 10.0
     assert report["mape_step_time_pct_complete"] <= 3.0
-    assert report["n_infeasible"] <= 2
-    # Every source other than torchtitan (a 2024 eager/FSDP2 stack, see README) stays below 35%
-    # on every row but Narayanan's 2240-GPU ZeRO-3 run.
-    others = [r for r in report["rows"] if "torchtitan" not in r["source"] and not r["id"].startswith("r015")]
+    assert report["n_infeasible"] == 0
+    # Every row stays within 35% but Narayanan's 2240-GPU ZeRO-3 run (derived from a
+    # days-to-train estimate; the model's ring latency at 2240 ranks overshoots it).
+    others = [r for r in report["rows"] if not r["id"].startswith("r015")]
     assert max(abs(r["error_pct"]) for r in others) <= 35.0
+    r015 = next(r for r in report["rows"] if r["id"].startswith("r015"))
+    assert abs(r015["error_pct"]) <= 55.0
 
 
 @pytest.mark.parametrize(
@@ -47,8 +47,9 @@ def test_step_time_error_is_bounded(report):
     [
         ("Korthikanti 2022", 6.5),
         ("Narayanan SC'21", 8.0),
-        ("NVIDIA/Megatron-LM", 13.0),
-        ("NVIDIA/NeMo", 7.0),
+        ("NVIDIA/Megatron-LM", 12.5),
+        ("NVIDIA/NeMo", 6.0),
+        ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", 12.5),
     ],
 )
 def test_per_source_error_is_bounded(report, label, bound):
@@ -91,24 +92,89 @@ def test_malformed_runs_files_are_rejected(tmp_path, catalog, cal):
         validation.validate(validation.read_runs(broken), catalog, cal)
 
 
-def test_shared_schema_without_attention_column_is_read(tmp_path, catalog, cal):
-    # Files in the exact schema of shared/validation (no optional attention column) are accepted.
-    src = validation.default_runs_path()
-    lines = src.read_text().splitlines()
-    cols = lines[0].split(",")
-    i = cols.index("attention")
+def _runs_file(tmp_path, ids, **set_cols):
+    """A runs CSV with the packaged rows ``ids`` (prefixes), optional columns added or set."""
     import csv
     import io
 
+    src = validation.default_runs_path().read_text().splitlines()
+    recs = list(csv.DictReader(src))
+    keep = [r for r in recs if any(r["id"].startswith(i) for i in ids)]
+    cols = list(recs[0].keys()) + [c for c in set_cols if c not in recs[0]]
     out = io.StringIO()
-    w = csv.writer(out)
-    for rec in csv.reader(lines[:5]):
-        w.writerow(rec[:i] + rec[i + 1 :])
-    path = tmp_path / "plain.csv"
+    w = csv.DictWriter(out, cols)
+    w.writeheader()
+    for r in keep:
+        w.writerow({**r, **set_cols})
+    path = tmp_path / f"runs-{len(list(tmp_path.iterdir()))}.csv"
     path.write_text(out.getvalue())
+    return path
+
+
+def test_packaged_runs_are_the_published_schema():
+    # Shipped verbatim: no column added, so results on the packaged file and on the original
+    # table are the same.
+    header = validation.default_runs_path().read_text().splitlines()[0].split(",")
+    assert header[: len(validation.REQUIRED_COLUMNS)] == list(validation.REQUIRED_COLUMNS)
+    assert "attention" not in header
+
+
+def test_stacks_are_matched_by_source(report):
+    by_id = {r["id"][:4]: r["stack"] for r in report["rows"]}
+    assert by_id["r000"] == "megatron-lm-2021"  # Narayanan SC'21
+    assert by_id["r022"] == "megatron-lm-2022"  # Korthikanti 2022
+    assert by_id["r095"] == "torchtitan-2024-12"
+    assert by_id["r043"] == ""  # Megatron-LM README (2024): no stack entry, fastest kernel
+
+
+def test_attention_column_overrides_the_stack(tmp_path, catalog, cal):
+    # A Narayanan row (stack: materialized scores) predicted with each kernel explicitly.
+    times = {}
+    for kind in ("materialized", "flash", "flash2"):
+        path = _runs_file(tmp_path, ["r000"], attention=kind)
+        times[kind] = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]["predicted_step_time_s"]
+    plain = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r000"])), catalog, cal)
+    assert plain["rows"][0]["predicted_step_time_s"] == pytest.approx(times["materialized"])
+    # On A100 FlashAttention-2 is the fastest kernel: flash2 == flash; scores cost more.
+    assert times["flash2"] == pytest.approx(times["flash"])
+    assert times["materialized"] > times["flash"]
+    bad = _runs_file(tmp_path, ["r000"], attention="sparse")
+    with pytest.raises(ValueError, match="column attention must be one of"):
+        validation.validate(validation.read_runs(bad), catalog, cal)
+
+
+def test_flash2_is_slower_on_hopper(tmp_path, catalog, cal):
+    # torchtitan's SDPA ran FlashAttention-2 on H100 (about half FlashAttention-3's rate).
+    t = {}
+    for kind in ("flash", "flash2"):
+        path = _runs_file(tmp_path, ["r092"], attention=kind)
+        t[kind] = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]["predicted_step_time_s"]
+    assert t["flash2"] > 1.1 * t["flash"]
+
+
+def test_fsdp_stack_shards_over_context_parallel_ranks(tmp_path, catalog, cal):
+    # torchtitan's dp=1, cp=8 rows are written zero=0 but FSDP shards over the dp x cp mesh.
+    path = _runs_file(tmp_path, ["r095", "r106"])
     rep = validation.validate(validation.read_runs(path), catalog, cal)
-    assert rep["n_runs"] == 4
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert all(r["feasible"] for r in rep["rows"])
+    # The same rows matched to no stack run unsharded and do not fit.
+    rep0 = validation.validate(validation.read_runs(path, stacks=[]), catalog, cal)
+    assert not any(r["feasible"] for r in rep0["rows"])
+
+
+def test_bad_stacks_file_is_rejected(tmp_path):
+    from hetersim.stacks import load_stacks
+
+    f = tmp_path / "stacks.toml"
+    f.write_text('[x]\nmatch = ["a"]\nattention = "sparse"\n')
+    with pytest.raises(ValueError, match="stack x: attention must be one of"):
+        load_stacks(f)
+    f.write_text('[x]\nmatch = []\n')
+    with pytest.raises(ValueError, match="match must be a non-empty list"):
+        load_stacks(f)
+    f.write_text('[x]\nmatch = ["a"]\ncolour = 1\n')
+    with pytest.raises(ValueError, match="unknown key 'colour'"):
+        load_stacks(f)
 
 
 def test_memory_against_published_figures(catalog, cal):
@@ -131,5 +197,5 @@ def test_leave_one_source_out_error_is_bounded(catalog):
 
     cv = cross_validate(catalog=catalog, steps=200)
     print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
-    assert cv["mape_step_time_pct"] <= 17.5
+    assert cv["mape_step_time_pct"] <= 12.0
     assert cv["per_source"]["Korthikanti 2022"]["mape_pct"] <= 8.0

@@ -87,12 +87,12 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     # Selective recomputation with flash attention (nothing s x s to drop) recomputes the cheap
     # element-wise ops instead, as torchtitan's op-level policy does: the activation function's
     # output (the down projection's input, 2f per token) is not stored.
-    mlp = mlp - jnp.where((plan.recompute_code == 1) & (plan.attention_code == 0), 2.0 * f, 0.0)
+    mlp = mlp - jnp.where((plan.recompute_code == 1) & (plan.attention_code != 1), 2.0 * f, 0.0)
     sharded = (2.0 * h + 4.0 * h * kv_ratio(m) + (2.0 - gemm_in_save) * h + mlp) / t
     scores = (2.0 + 3.0 * m.dropout) * a * plan.seq_len / t  # per query token
     flash_lse = 4.0 * a / t
     keep_scores = (plan.attention_code == 1) & (plan.recompute_code == 0)
-    attn = jnp.where(keep_scores, scores, jnp.where(plan.attention_code == 0, flash_lse, 0.0))
+    attn = jnp.where(keep_scores, scores, jnp.where(plan.attention_code != 1, flash_lse, 0.0))
     e = jnp.where(plan.precision_code == 3, 2.0, 1.0)
     per_token = e * (replicated + sharded) + attn
     full = e * 2.0 * h / sp_div

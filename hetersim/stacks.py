@@ -1,0 +1,83 @@
+"""Software-stack facts for published runs (``data/stacks.toml``).
+
+A runs CSV describes hardware and layout but not which attention kernel the framework of the
+day ran, or whether it sharded over context-parallel ranks. Those are facts about software,
+looked up here by the row's ``source``; each cites where it comes from. They are categorical:
+the time a kernel takes still comes from the device's measured utilisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from .types import ATTENTION
+
+__all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
+
+_FIELDS = {"name", "match", "attention", "shards_over_cp", "sources"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    key: str
+    name: str
+    match: tuple[str, ...]
+    attention: str | None = None
+    shards_over_cp: bool = False
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def default_stacks_path() -> Path:
+    return Path(str(resources.files("hetersim") / "data" / "stacks.toml"))
+
+
+def load_stacks(path: str | Path | None = None) -> list[Stack]:
+    """Read a stacks file; one-line ``ValueError`` naming the file, entry and key on bad input."""
+    path = Path(path) if path is not None else default_stacks_path()
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    out = []
+    for key, entry in data.items():
+        where = f"{path}: stack {key}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: must be a table")
+        unknown = sorted(set(entry) - _FIELDS)
+        if unknown:
+            raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_FIELDS))}")
+        match = entry.get("match")
+        if not isinstance(match, list) or not match or not all(isinstance(m, str) and m.strip() for m in match):
+            raise ValueError(f"{where}: match must be a non-empty list of source substrings")
+        attention = entry.get("attention")
+        if attention is not None and attention not in ATTENTION:
+            raise ValueError(f"{where}: attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
+        shards = entry.get("shards_over_cp", False)
+        if not isinstance(shards, bool):
+            raise ValueError(f"{where}: shards_over_cp must be true or false; got {shards!r}")
+        out.append(
+            Stack(
+                key=key,
+                name=str(entry.get("name", key)),
+                match=tuple(m.strip() for m in match),
+                attention=attention,
+                shards_over_cp=shards,
+                sources={str(k): str(v) for k, v in (entry.get("sources") or {}).items()},
+            )
+        )
+    return out
+
+
+def stack_for(source: str, stacks: Sequence[Stack]) -> Stack | None:
+    """The first stack one of whose ``match`` strings occurs in ``source`` (case-insensitive)."""
+    low = source.lower()
+    for stack in stacks:
+        if any(m.lower() in low for m in stack.match):
+            return stack
+    return None
