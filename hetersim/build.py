@@ -68,6 +68,7 @@ def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:
             attn_eff_bwd=float(gpu["attn_eff_bwd"]),
             # FlashAttention-2-class kernels: the device's own figure where measured, else the
             # fastest kernel's (FlashAttention-2 is the fastest kernel on Ampere).
+            sm_count=float(gpu.get("sm_count", 0.0)),
             attn2_eff_fwd=float(gpu.get("attn2_eff_fwd") or gpu["attn_eff_fwd"]),
             attn2_eff_bwd=float(gpu.get("attn2_eff_bwd") or gpu["attn_eff_bwd"]),
             hbm_capacity_GiB=float(gpu["hbm_capacity_GiB"]),

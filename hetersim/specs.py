@@ -40,6 +40,7 @@ class DeviceSpec:
     gemm_eff: Any  # [4] measured best-case matmul throughput / dense peak
     attn_eff_fwd: Any  # flash-attention forward throughput / bf16 dense peak
     attn_eff_bwd: Any  # flash-attention backward throughput / bf16 dense peak
+    sm_count: Any  # streaming multiprocessors (compute units); 0 = no wave quantization
     attn2_eff_fwd: Any  # FlashAttention-2-class kernel forward throughput / bf16 dense peak
     attn2_eff_bwd: Any  # FlashAttention-2-class kernel backward throughput / bf16 dense peak
     hbm_capacity_GiB: Any

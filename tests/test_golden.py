@@ -87,3 +87,28 @@ def test_model_spec_from_dims_is_a_modelspec():
     m = build.model_spec(dict(layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=100))
     assert isinstance(m, ModelSpec)
     assert float(m.kv_heads) == 4.0
+
+
+def test_wave_quantization_by_hand(catalog):
+    # A100 (108 SMs), 128x256 tiles. M=8192, N=2304: 64 x 9 = 576 tiles -> ceil(576/108) = 6
+    # waves of 108 SMs: 576/648 busy. M=N=... 12 x 9 = 108 tiles fill exactly one wave.
+    from hetersim.terms.compute import wave_eff
+
+    dev = build.device_spec(catalog.gpu("a100-sxm-80gb"))
+    assert float(wave_eff(dev, 8192.0, 2304.0)) == pytest.approx(576 / 648)
+    assert float(wave_eff(dev, 12 * 128.0, 9 * 256.0)) == pytest.approx(1.0)
+    # One tile more starts a second, almost empty wave.
+    assert float(wave_eff(dev, 12 * 128.0 + 1, 9 * 256.0)) == pytest.approx(117 / 216)
+    # A batched launch of 4 such GEMMs: 432 tiles, exactly 4 waves.
+    assert float(wave_eff(dev, 12 * 128.0, 9 * 256.0, 4.0)) == pytest.approx(1.0)
+
+
+def test_gemm_time_includes_wave_quantization(catalog, cal):
+    # Adding one tile's worth of rows to a GEMM that fills one wave costs a whole extra wave.
+    from hetersim.terms.compute import gemm_s
+
+    dev = build.device_spec(catalog.gpu("a100-sxm-80gb"))
+    plan = build.plan_spec(n_gpus=1, tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=2048)
+    one_wave = float(gemm_s(dev, cal, plan, 12 * 128.0, 9 * 256.0, 8192.0))
+    two_waves = float(gemm_s(dev, cal, plan, 13 * 128.0, 9 * 256.0, 8192.0))
+    assert two_waves / one_wave == pytest.approx(2.0, rel=0.02)

@@ -1,9 +1,10 @@
 """Compute time of one transformer layer, the LM head and the optimizer on one GPU.
 
-GEMM time follows a roofline with a fixed per-kernel cost: ``max(F / (P * e), B / W) + t_k``,
-where ``e`` is the measured best-case matmul efficiency of the device (MAMF tables), ``B`` the
-bytes the GEMM reads and writes and ``W`` the HBM bandwidth reached by streaming kernels. The
-fixed cost makes efficiency depend on size: small GEMMs (small hidden, high TP) reach less.
+GEMM time follows a roofline with a fixed per-kernel cost: ``max(F / (P * e * q), B / W) + t_k``,
+where ``e`` is the measured best-case matmul efficiency of the device (MAMF tables), ``q`` the
+wave-quantization efficiency of the GEMM's output tiles on the device's SMs, ``B`` the bytes the
+GEMM reads and writes and ``W`` the HBM bandwidth reached by streaming kernels. Tile waves and
+the fixed cost make efficiency depend on the shape: small GEMMs (small hidden, high TP) reach less.
 Attention uses flash-attention kernels (no s x s score matrix) unless the plan asks for the
 materialised form; FLOPs of the attention backward are 2.5x the forward (FlashAttention-2 paper,
 Dao 2023, §4.1 benchmark convention). Element-wise work (norms, residuals, activation functions,
@@ -36,15 +37,31 @@ def gemm_rate(dev: DeviceSpec, cal: Calibration, plan: Plan):
     return dev.peak_tflops[idx] * dev.gemm_eff[idx] * cal.gemm_shape_eff * fp8 * TFLOP
 
 
+# cuBLAS's most efficient (and, for large training GEMMs, usual) output tile: NVIDIA, "Matrix
+# Multiplication Background User's Guide" (DU-09799-001, 2023) §2.3 "Typical tile dimensions in
+# cuBLAS" (256x128 and 128x256 are the most efficient) and §3.2 "Wave quantization".
+TILE_M, TILE_N = 128.0, 256.0
+
+
+def wave_eff(dev: DeviceSpec, M, N, batch=1.0):
+    """Share of the SMs busy over a GEMM's waves of output tiles (wave quantization): the
+    ``ceil(M/128) * ceil(N/256)`` tiles run ``sm_count`` at a time, and the last wave leaves SMs
+    idle. 1 for devices without an SM count."""
+    tiles = jnp.ceil(M / TILE_M) * jnp.ceil(N / TILE_N) * batch
+    sms = jnp.maximum(dev.sm_count, 1.0)
+    waves = jnp.ceil(tiles / sms)
+    return jnp.where(dev.sm_count > 0, safe_div(tiles, waves * sms, 1.0), 1.0)
+
+
 def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None):
     """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
     per GEMM; a batched GEMM is one launch)."""
     flops = 2.0 * M * N * K
     in_bytes = jnp.where(plan.precision_code == FP8, 1.0, act_bytes(plan))
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
-    t_flops = safe_div(flops, gemm_rate(dev, cal, plan), 1e9)
-    t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
     kernels = count if kernels is None else kernels
+    t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, count / kernels), 1e9)
+    t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
     return count * jnp.maximum(t_flops, t_mem) + kernels * cal.kernel_overhead_us * US
 
 
