@@ -185,13 +185,28 @@ ALTERNATIVES = {"recompute": ("none", "selective", "full")}
 
 
 def _candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The row as written, then its assumed values replaced, then (where its micro-batch is the
+    whole local batch) gradient accumulation over halved micro-batches: the order validate
+    tries them in when a row cannot run as written."""
     plan = inputs["plan"]
-    out = [dict(plan)]
     assumed = {c.strip() for c in row.fields["assumed"].split(";")}
-    for col, values in ALTERNATIVES.items():
-        if col in assumed and plan[col] in values:
-            for v in values[values.index(plan[col]) + 1 :]:
-                out.append(dict(plan, **{col: v}))
+
+    def variants(base):
+        out = [dict(base)]
+        for col, values in ALTERNATIVES.items():
+            if col in assumed and base[col] in values:
+                for v in values[values.index(base[col]) + 1 :]:
+                    out.append(dict(base, **{col: v}))
+        return out
+
+    out = variants(plan)
+    # A source that gives only the global batch leaves the micro-batch at the whole local batch;
+    # stacks split a local batch that does not fit into accumulation steps.
+    micro = plan["micro_batch"]
+    whole = micro * plan["dp"] == plan["global_batch"]
+    while whole and micro > 1 and micro % 2 == 0:
+        micro //= 2
+        out += variants(dict(plan, micro_batch=micro))
     return out
 
 

@@ -112,3 +112,15 @@ def test_gemm_time_includes_wave_quantization(catalog, cal):
     one_wave = float(gemm_s(dev, cal, plan, 12 * 128.0, 9 * 256.0, 8192.0))
     two_waves = float(gemm_s(dev, cal, plan, 13 * 128.0, 9 * 256.0, 8192.0))
     assert two_waves / one_wave == pytest.approx(2.0, rel=0.02)
+
+
+@pytest.mark.parametrize("attention", ["materialized", "flash"])
+def test_full_recompute_working_layer_holds_everything(attention):
+    # Under full recomputation one layer is rebuilt for its backward: it holds the activations of
+    # a layer without recomputation, the s x s scores included when attention materialises them
+    # (Korthikanti eq. 2 with the 5as/h term), whatever the stored checkpoints are.
+    m = build.model_spec(GPT)
+    kw = dict(n_gpus=8, tp=8, global_batch=1, micro_batch=1, seq_len=2048, sp=True, attention=attention)
+    stored_none, _ = layer_activation_bytes(m, build.plan_spec(recompute="none", **kw))
+    _, working_full = layer_activation_bytes(m, build.plan_spec(recompute="full", **kw))
+    assert float(working_full) == pytest.approx(float(stored_none), rel=1e-6)

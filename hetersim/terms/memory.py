@@ -73,6 +73,9 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     ``s*b*h*(10 + 24/t)``, their eq. 2. The score matrix adds ``5*a*s/h`` per token (2 with no
     dropout) unless flash attention never stores it or selective recomputation drops it. Full
     recomputation keeps only the layer input, ``2*s*b*h`` (sharded by tp under SP).
+
+    Returns (stored, working): the bytes kept per layer, and the bytes of one layer rebuilt in
+    full during its backward under recomputation.
     """
     b, s = plan.micro_batch, plan.seq_len / plan.cp
     h, f, a, t = m.hidden, m.ffn_hidden, m.heads, plan.tp
@@ -96,7 +99,10 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     e = jnp.where(plan.precision_code == 3, 2.0, 1.0)
     per_token = e * (replicated + sharded) + attn
     full = e * 2.0 * h / sp_div
-    return b * s * jnp.where(plan.recompute_code == 2, full, per_token), b * s * per_token
+    # The layer being rebuilt during its backward holds everything, the s x s scores included
+    # when attention materialises them.
+    working = e * (replicated + sharded) + jnp.where(plan.attention_code == 1, scores, flash_lse)
+    return b * s * jnp.where(plan.recompute_code == 2, full, per_token), b * s * working
 
 
 def inflight_microbatches(plan: Plan, n_micro):
