@@ -163,7 +163,7 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         # Optional, read by hetersim.build when present:
         "attn_eff_fwd": _FRACTION.optional(),  # flash-attention forward TFLOP/s / bf16 dense peak
         "attn_eff_bwd": _FRACTION.optional(),  # flash-attention backward TFLOP/s / bf16 dense peak
-        "sm_count": _COUNT.optional(),  # SMs / compute units: GEMM tiles run in waves of this many
+        "sm_count": _COUNT,  # SMs / compute units: GEMM tiles run in waves of this many
         "attn2_eff_fwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, forward (default: attn_eff_fwd)
         "attn2_eff_bwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, backward (default: attn_eff_bwd)
         "flash_attention": _FLAG.optional(),  # the device runs flash-attention kernels
