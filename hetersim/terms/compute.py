@@ -46,11 +46,11 @@ TILE_M, TILE_N = 128.0, 256.0
 def wave_eff(dev: DeviceSpec, M, N, batch=1.0):
     """Share of the SMs busy over a GEMM's waves of output tiles (wave quantization): the
     ``ceil(M/128) * ceil(N/256)`` tiles run ``sm_count`` at a time, and the last wave leaves SMs
-    idle. 1 for devices without an SM count."""
-    tiles = jnp.ceil(M / TILE_M) * jnp.ceil(N / TILE_N) * batch
-    sms = jnp.maximum(dev.sm_count, 1.0)
-    waves = jnp.ceil(tiles / sms)
-    return jnp.where(dev.sm_count > 0, safe_div(tiles, waves * sms, 1.0), 1.0)
+    idle."""
+    tiles = jnp.maximum(jnp.ceil(M * (1.0 / TILE_M)) * jnp.ceil(N * (1.0 / TILE_N)) * batch, 1.0)
+    inv_sms = 1.0 / jnp.maximum(dev.sm_count, 1.0)
+    waves = jnp.ceil(tiles * inv_sms)
+    return tiles * inv_sms / waves
 
 
 def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None):
