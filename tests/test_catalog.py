@@ -476,3 +476,21 @@ def test_llama_ffn_rule_properties(hidden):
     ffn = llama_ffn_hidden(hidden)
     assert ffn % 256 == 0
     assert 3 * ffn >= 8 * hidden > 3 * (ffn - 256)
+
+
+def test_gpu_is_found_by_alias_or_case(tmp_path):
+    path = write(tmp_path, f'[gpus.{H200_KEY}]\naliases = "H200, h200-141gb"\n')
+    catalog = load_catalog([path])
+    for name in ("h200", "H200", "h200-141GB", H200_KEY.upper()):
+        assert catalog.gpu(name)["hbm_capacity_GiB"] == catalog.gpu(H200_KEY)["hbm_capacity_GiB"]
+    with pytest.raises(ValueError, match="unknown gpu 'h300'"):
+        catalog.gpu("h300")
+
+
+def test_packaged_aliases_are_unambiguous():
+    names = {}
+    for key, entry in CATALOG.gpus.items():
+        for name in [key] + [a.strip() for a in entry.get("aliases", "").split(",") if a.strip()]:
+            assert name.lower() not in names, (name, key, names.get(name.lower()))
+            names[name.lower()] = key
+    assert CATALOG.gpu("h200")["name"] == CATALOG.gpu("h200-sxm-141gb")["name"]

@@ -213,3 +213,16 @@ def test_whole_local_batch_is_split_when_it_does_not_fit(tmp_path, catalog, cal)
     fixed = _runs_file(tmp_path, ["r013"], global_batch="5120")
     row2 = validation.validate(validation.read_runs(fixed), catalog, cal)["rows"][0]
     assert "micro_batch" not in row2["substituted"]
+
+
+def test_every_packaged_stack_fact_cites_a_source():
+    from hetersim.stacks import load_stacks
+
+    stacks = load_stacks()
+    assert stacks
+    for st in stacks:
+        facts = ["attention"] if st.attention else []
+        facts += ["shards_over_cp"] if st.shards_over_cp else []
+        assert facts, st.key
+        for fact in facts:
+            assert len(st.sources.get(fact, "")) > 40, (st.key, fact)

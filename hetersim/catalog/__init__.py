@@ -164,6 +164,7 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "attn_eff_fwd": _FRACTION.optional(),  # flash-attention forward TFLOP/s / bf16 dense peak
         "attn_eff_bwd": _FRACTION.optional(),  # flash-attention backward TFLOP/s / bf16 dense peak
         "sm_count": _COUNT,  # SMs / compute units: GEMM tiles run in waves of this many
+        "aliases": _TEXT.optional(),  # other names the key is looked up by, comma-separated
         "attn2_eff_fwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, forward (default: attn_eff_fwd)
         "attn2_eff_bwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, backward (default: attn_eff_bwd)
         "flash_attention": _FLAG.optional(),  # the device runs flash-attention kernels
@@ -409,8 +410,18 @@ class Catalog:
     def _lookup(self, section: Section, key: str) -> Entry:
         entries = self.section(section)
         if key not in entries:
-            raise ValueError(f"unknown {_SINGULAR[section]} {key!r}; known: {', '.join(sorted(entries))}")
+            key = self._resolve(entries, key, section)
         return copy.deepcopy(entries[key])
+
+    @staticmethod
+    def _resolve(entries: Mapping[str, Entry], key: str, section: Section) -> str:
+        """The entry key that ``key`` names case-insensitively or as one of an entry's ``aliases``."""
+        want = key.strip().lower()
+        for k, entry in entries.items():
+            names = [k] + [a.strip() for a in str(entry.get("aliases", "")).split(",") if a.strip()]
+            if want in (n.lower() for n in names):
+                return k
+        raise ValueError(f"unknown {_SINGULAR[section]} {key!r}; known: {', '.join(sorted(entries))}")
 
 
 def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
