@@ -124,3 +124,33 @@ def test_full_recompute_working_layer_holds_everything(attention):
     stored_none, _ = layer_activation_bytes(m, build.plan_spec(recompute="none", **kw))
     _, working_full = layer_activation_bytes(m, build.plan_spec(recompute="full", **kw))
     assert float(working_full) == pytest.approx(float(stored_none), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "zero, precision, expected",
+    [
+        (0, "bf16", 4.0),  # Megatron DDP: fp32 main_grad
+        (0, "fp16", 4.0),  # Korthikanti et al.'s 18 bytes per parameter with fp16 training
+        (1, "bf16", 2.0),  # distributed optimizer: grad buffer in the parameter dtype
+        (3, "bf16", 4.0),  # FSDP2 reduce_dtype fp32
+        (3, "fp16", 2.0),  # DeepSpeed ZeRO-3: gradients and their reduction in fp16
+        (3, "fp32", 4.0),
+    ],
+)
+def test_gradient_bytes_per_stack(zero, precision, expected):
+    from hetersim.terms.memory import grad_bytes
+
+    plan = build.plan_spec(n_gpus=8, dp=8, zero=zero, precision=precision, micro_batch=1, global_batch=8, seq_len=2048)
+    assert float(grad_bytes(plan)) == expected
+
+
+def test_zero3_buffers_hold_two_gathered_layers_and_one_layer_of_gradients():
+    from hetersim.terms.flops import layer_params
+    from hetersim.terms.memory import buffer_bytes
+
+    m = build.model_spec(GPT)
+    kw = dict(n_gpus=64, tp=8, dp=8, micro_batch=1, global_batch=8, seq_len=2048, precision="bf16")
+    z1 = float(buffer_bytes(m, build.plan_spec(zero=1, **kw)))
+    z3 = float(buffer_bytes(m, build.plan_spec(zero=3, **kw)))
+    per_layer = float(layer_params(m)) / 8
+    assert z3 - z1 == pytest.approx(per_layer * (2 * 2.0 + 4.0), rel=1e-6)

@@ -107,8 +107,10 @@ def test_zero3_offload_on_512_v100(catalog, cal, size):
     largest of 1..8 that fits in HBM and host DRAM. TFLOP/s by Megatron's formula with
     recomputation (Narayanan et al. SC'21 eq. 3), as DeepSpeed reports them.
 
-    The 2T prediction misses 25% under these assumptions (the model has no reason for the
-    measured drop from 1T to 2T at the same batch); it is bounded at today's error.
+    The measured drop from 1T to 2T comes out of memory: the 2T model's gathered layers and its
+    unsharded fp16 layer gradients leave room for 3 sequences per GPU against 8 for 1T, and at
+    3 the parameter gathers are no longer hidden. That makes the 2T figure sensitive to the
+    memory model (2 sequences give -14%, 4 would give +29%).
     """
     layers, hidden, measured = ZERO3_OFFLOAD[size]
     m = _gpt(layers, hidden)
@@ -145,7 +147,7 @@ def test_zero3_offload_on_512_v100(catalog, cal, size):
         f"exposed offload {float(out.offload_s):.2f} of {float(out.offload_traffic_s):.1f} s, "
         f"host DRAM {float(out.tier_used_GiB[1]):.0f} / {float(out.tier_capacity_GiB[1]):.0f} GiB per node"
     )
-    assert abs(err) <= (25.0 if size != "2T" else 40.0)
+    assert abs(err) <= 25.0
 
 
 # --------------------------------------------------------------------------------------------

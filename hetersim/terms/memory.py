@@ -9,7 +9,7 @@ from ..units import GiB
 from .flops import kv_ratio, layer_params
 
 WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
-GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2 reduce_dtype (zero 3)
+GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2 reduce_dtype (bf16 zero 3)
 GRAD_BYTES_DIST_OPT = 2.0  # Megatron's distributed optimizer keeps its grad buffer in the parameter
 # dtype by default (DistributedDataParallelConfig.grad_reduce_in_fp32 = False)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights, Adam m and v
@@ -47,7 +47,10 @@ def zero_group(plan: Plan):
 def grad_bytes(plan: Plan):
     """Bytes per gradient element, in memory and on the wire."""
     dist_opt = (plan.zero >= 1) & (plan.zero <= 2)
-    return jnp.where(dist_opt & (plan.precision_code != 3), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
+    # FP16 ZeRO-3 is DeepSpeed's, which keeps and reduces gradients in the model's dtype
+    # (communication_data_type defaults to fp16); bf16 FSDP reduces in fp32 (FSDP2's reduce_dtype).
+    fp16_z3 = (plan.zero >= 3) & (plan.precision_code == 1)
+    return jnp.where((dist_opt | fp16_z3) & (plan.precision_code != 3), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
 
 
 def state_bytes(m: ModelSpec, plan: Plan, layers=None):
@@ -125,9 +128,12 @@ def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=No
 
 def buffer_bytes(m: ModelSpec, plan: Plan):
     """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy works
-    in, its gradient computed in place) on the last stage, two gathered layers
-    under ZeRO-3 (the one computing and the one prefetched), and the runtime's reserve."""
+    in, its gradient computed in place) on the last stage, two gathered layers and one layer's
+    unsharded gradients under ZeRO-3 (the one computing and the one prefetched), and the
+    runtime's reserve."""
     T = plan.micro_batch * plan.seq_len / plan.cp
     logits = (2.0 + 4.0) * T * m.vocab / plan.tp
-    gathered = jnp.where(plan.zero >= 3, 2.0 * layer_params(m) / plan.tp * WEIGHT_BYTES, 0.0)
+    # ZeRO-3 / FSDP: the layer computing and the one prefetched, gathered in 16 bits, and the
+    # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
+    gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)
     return logits + gathered + RUNTIME_RESERVED_GiB * GiB
