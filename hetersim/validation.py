@@ -177,6 +177,33 @@ def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs") -> tupl
     raise ValueError(f"{path}: row {row.id}: no measured step time, tokens/s or MFU")
 
 
+# A row that offloads to a CXL tier names the tier, not the device. Where the GPU's catalog entry
+# configures none, validate assumes one device of the kind the published figures describe: a
+# Micron CZ120 expander (CXL 2.0 x8, about 36 GB/s) or a Samsung CMM-B pool used by one host.
+DEFAULT_CXL = {"cxl-expander": ("cxl_expander", "micron-cz120:1"), "cxl-pool": ("cxl_pool", "samsung-cmm-b-pool:1host")}
+
+
+def cxl_defaults(inputs: Mapping[str, Any]) -> dict[str, str]:
+    """The CXL devices validate assumes for a row's offload tiers its GPU entry does not configure."""
+    out = {}
+    for tier in set(inputs["plan"]["offload"].values()):
+        if tier in DEFAULT_CXL:
+            field, default = DEFAULT_CXL[tier]
+            if not inputs["gpu"].get(field):
+                out[field] = default
+    return out
+
+
+def _system(row: Row | None, inputs: Mapping[str, Any], catalog, path):
+    try:
+        return build.system_spec(
+            inputs["gpu"], catalog.links, inputs["scaleup_domain"], catalog.memory, **cxl_defaults(inputs)
+        )
+    except ValueError as e:
+        where = f"row {row.id}: " if row is not None else ""
+        raise ValueError(f"{path}: {where}{e}") from None
+
+
 # Assumed discrete columns are the curator's guess ("the usual default of that stack"). Where a
 # row is infeasible as written, validate tries the other values of an assumed column, from the
 # one that saves least memory on, and keeps the first that runs: a real run ran, so it did not
@@ -233,11 +260,12 @@ class Prepared:
 def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prepared:
     """Specs of every row (with assumed values substituted where the row cannot run as written)."""
     flat_m, flat_s, flat_p, owner, plans_raw = [], [], [], [], []
-    measured, kinds = [], []
+    measured, kinds, devices = [], [], []
     for i, row in enumerate(rows):
         inp = row_inputs(row, catalog, path)
         model = build.model_spec(inp["model"])
-        system = build.system_spec(inp["gpu"], catalog.links, inp["scaleup_domain"])
+        system = _system(row, inp, catalog, path)
+        devices.append(cxl_defaults(inp))
         for cand in _candidates(row, inp):
             try:
                 flat_p.append(build.plan_spec(**cand))
@@ -260,6 +288,7 @@ def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prep
         j = int(ok[0]) if ok.size else int(idx[0])
         pick.append(j)
         changed = [f"{k}={v}" for k, v in plans_raw[j].items() if plans_raw[int(idx[0])][k] != v]
+        changed += [f"{k}={v}" for k, v in devices[i].items()]
         substituted.append(",".join(changed))
     take = lambda tree: jax.tree.map(lambda a: a[np.array(pick)], tree)  # noqa: E731
     return Prepared(list(rows), take(models), take(systems), take(plans), np.array(measured), kinds, substituted)
@@ -401,7 +430,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
         if "optimizer_sharding=false" in rec["notes"]:
             plan["zero"] = 0
         model = build.model_spec(inp["model"])
-        system = build.system_spec(inp["gpu"], catalog.links, inp["scaleup_domain"])
+        system = _system(None, inp, catalog, "memory")
         out = _predict(_stack([model]), _stack([system]), _stack([build.plan_spec(**plan)]), cal)
         pred = _component(out, 0, rec["component"])
         if pred is None:

@@ -226,3 +226,17 @@ def test_every_packaged_stack_fact_cites_a_source():
         assert facts, st.key
         for fact in facts:
             assert len(st.sources.get(fact, "")) > 40, (st.key, fact)
+
+
+@pytest.mark.parametrize("tier, device", [("cxl-expander", "micron-cz120:1"), ("cxl-pool", "samsung-cmm-b-pool:1host")])
+def test_offload_to_a_cxl_tier_assumes_a_device(tmp_path, catalog, cal, tier, device):
+    # The ZeRO-Offload row with its optimizer states and gradients on a CXL tier instead of host
+    # DRAM: the V100 entry configures no CXL device, so validate assumes one and says so.
+    host = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r141"])), catalog, cal)["rows"][0]
+    path = _runs_file(tmp_path, ["r141"], offload_tier=tier)
+    row = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]
+    assert row["feasible"]
+    assert device in row["substituted"]
+    assert "cxl" not in host["substituted"]
+    # CPU-Adam on CXL-resident states is slower than on local DRAM.
+    assert row["predicted_step_time_s"] > host["predicted_step_time_s"]
