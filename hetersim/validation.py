@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -57,11 +58,9 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     """
     stacks = load_stacks() if stacks is None else stacks
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read runs file ({e.strerror})") from None
-    reader = csv.DictReader(text.splitlines())
+    text = _read_text(path, "runs")
+    reader = csv.DictReader(io.StringIO(text, newline=""))  # quoted fields may hold newlines
+    reader.fieldnames = [f.strip() for f in reader.fieldnames or []]
     missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise ValueError(f"{path}: not a published-runs CSV, missing columns: {', '.join(missing)}")
@@ -73,6 +72,18 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A CSV file's text: UTF-8 (a spreadsheet's byte-order mark tolerated), else Latin-1."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read {what} file ({e.strerror})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = False) -> float | None:
@@ -402,7 +413,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
     """
     path = Path(path) if path else default_memory_path()
     try:
-        recs = list(csv.DictReader(path.read_text().splitlines()))
+        recs = list(csv.DictReader(io.StringIO(_read_text(path, "memory"), newline="")))
     except OSError as e:
         raise ValueError(f"{path}: cannot read memory file ({e.strerror})") from None
     if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):

@@ -240,3 +240,23 @@ def test_offload_to_a_cxl_tier_assumes_a_device(tmp_path, catalog, cal, tier, de
     assert "cxl" not in host["substituted"]
     # CPU-Adam on CXL-resident states is slower than on local DRAM.
     assert row["predicted_step_time_s"] > host["predicted_step_time_s"]
+
+
+def test_runs_file_from_a_spreadsheet_is_read(tmp_path, catalog, cal):
+    # A byte-order mark, CRLF line ends, a note spanning two lines inside quotes, padded headers.
+    import csv
+    import io
+
+    src = validation.default_runs_path().read_text().splitlines()
+    recs = [r for r in csv.DictReader(src) if r["id"].startswith(("r000", "r022"))]
+    recs[0]["notes"] = "first line\nsecond line, with a comma"
+    out = io.StringIO()
+    w = csv.DictWriter(out, list(recs[0].keys()), lineterminator="\r\n")
+    w.writerow({k: f" {k} " for k in recs[0]})
+    w.writerows(recs)
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + out.getvalue().encode())
+    plain = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r000", "r022"])), catalog, cal)
+    rep = validation.validate(validation.read_runs(path), catalog, cal)
+    assert [r["id"] for r in rep["rows"]] == [r["id"] for r in plain["rows"]]
+    assert rep["mape_step_time_pct"] == pytest.approx(plain["mape_step_time_pct"])
