@@ -100,12 +100,32 @@ def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = Fal
     return v
 
 
+# Spellings other tools and papers use for the categorical columns, read as the schema's values.
+SYNONYMS = {
+    "mlp": {"swiglu": "gated", "geglu": "gated", "glu": "gated", "gelu": "plain", "relu": "plain", "mlp": "plain"},
+    "precision": {"bf16-mixed": "bf16", "bfloat16": "bf16", "fp16-mixed": "fp16", "16-mixed": "fp16",
+                  "float16": "fp16", "fp8-hybrid": "fp8", "fp8-e4m3": "fp8", "float32": "fp32", "32": "fp32"},
+    "recompute": {"no": "none", "off": "none", "false": "none", "0": "none", "block": "full",
+                  "uniform": "full", "true": "full", "1": "full"},
+}  # fmt: skip
+
+
+def _category(row: Row, col: str, default: str) -> str:
+    value = row.fields[col].strip().lower() or default
+    return SYNONYMS.get(col, {}).get(value, value)
+
+
 def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
-    """Model entry, GPU entry, scale-up domain and plan options of one row."""
+    """Model entry, GPU entry, scale-up domain and plan options of one row.
+
+    Empty ``vp``, ``cp``, ``sp``, ``zero`` read as 1, 1, 0, 0; an empty ``dp`` as the GPUs left
+    after tp x pp x cp; an empty ``scaleup_domain`` as the GPU entry's.
+    """
     f = row.fields
     n = lambda c, **k: _num(path, row, c, **k)  # noqa: E731
+    opt = lambda c, default: (lambda v: default if v is None else v)(n(c, optional=True))  # noqa: E731
     model = {k: n(k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")}
-    model["mlp"] = f["mlp"].strip()
+    model["mlp"] = _category(row, "mlp", "")
     if model["mlp"] not in ("gated", "plain"):
         raise ValueError(f"{path}: row {row.id}: column mlp must be gated or plain; got {f['mlp']!r}")
     try:
@@ -113,35 +133,37 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
     except ValueError as e:
         raise ValueError(f"{path}: row {row.id}: {e}") from None
     offload = {}
-    if f["offload"].strip() not in ("", "none"):
-        tier = f["offload_tier"].strip() or "host-dram"
-        for state in f["offload"].strip().split("+"):
-            offload[state] = tier
-    tp, pp, dp, cp = (int(n(k)) for k in ("tp", "pp", "dp", "cp"))
-    micro, glob = int(n("micro_batch")), int(n("global_batch"))
+    if f["offload"].strip().lower() not in ("", "none"):
+        tier = f["offload_tier"].strip().lower() or "host-dram"
+        for state in f["offload"].strip().lower().split("+"):
+            offload[state.strip()] = tier
+    n_gpus = int(n("n_gpus"))
+    tp, pp, cp = int(n("tp")), int(n("pp")), int(opt("cp", 1))
+    dp = int(opt("dp", n_gpus // max(tp * pp * cp, 1)))
+    micro, glob = int(opt("micro_batch", 1)), int(n("global_batch"))
     # Pipelined rows whose micro_batch is the whole local batch (torchtitan reports it so): the
     # stack splits it into one micro-batch per stage, its default; a 1F1B step with fewer
     # micro-batches than stages is not a schedule anyone runs.
     if pp > 1 and glob // max(micro * dp, 1) < pp and micro % pp == 0:
         micro //= pp
     plan = dict(
-        n_gpus=int(n("n_gpus")),
+        n_gpus=n_gpus,
         tp=tp,
         pp=pp,
-        vp=int(n("vp") or 1),
+        vp=int(opt("vp", 1) or 1),
         dp=dp,
         cp=cp,
-        sp=bool(n("sp")),
-        zero=_zero(row, dp * cp, int(n("zero"))),
+        sp=bool(opt("sp", 0)),
+        zero=_zero(row, dp * cp, int(opt("zero", 0))),
         micro_batch=micro,
         global_batch=glob,
         seq_len=int(n("seq_len")),
-        recompute=f["recompute"].strip() or "none",
-        precision=f["precision"].strip() or "bf16",
+        recompute=_category(row, "recompute", "none"),
+        precision=_category(row, "precision", "bf16"),
         attention=_attention(row, gpu, path),
         offload=offload,
     )
-    return dict(model=model, gpu=gpu, scaleup_domain=n("scaleup_domain"), plan=plan)
+    return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
 
 
 def _zero(row: Row, shard_group: int, zero: int) -> int:
@@ -156,7 +178,7 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     """The row's optional ``attention`` column, else its stack's attention kernel, else ``flash``;
     ``materialized`` on devices without flash-attention kernels (V100: FlashAttention needs
     Ampere or newer)."""
-    value = (row.fields.get("attention") or "").strip()
+    value = (row.fields.get("attention") or "").strip().lower()
     if value:
         if value not in ATTENTION:
             raise ValueError(f"{path}: row {row.id}: column attention must be one of {', '.join(ATTENTION)}; got {value!r}")

@@ -260,3 +260,16 @@ def test_runs_file_from_a_spreadsheet_is_read(tmp_path, catalog, cal):
     rep = validation.validate(validation.read_runs(path), catalog, cal)
     assert [r["id"] for r in rep["rows"]] == [r["id"] for r in plain["rows"]]
     assert rep["mape_step_time_pct"] == pytest.approx(plain["mape_step_time_pct"])
+
+
+def test_other_spellings_and_blank_defaults_read_as_the_schema(tmp_path, catalog, cal):
+    # r043: GPT-3 5B on 64 H100, tp1 pp1 vp1 cp1 dp64, fp8, plain MLP, no recompute.
+    base = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r043"])), catalog, cal)["rows"][0]
+    alt = _runs_file(
+        tmp_path, ["r043"], mlp="GeLU", precision="FP8", recompute="no", vp="", cp="", dp="", scaleup_domain=""
+    )
+    row = validation.validate(validation.read_runs(alt), catalog, cal)["rows"][0]
+    assert row["predicted_step_time_s"] == pytest.approx(base["predicted_step_time_s"], rel=1e-6)
+    bad = _runs_file(tmp_path, ["r043"], precision="int4")
+    with pytest.raises(ValueError, match="r043"):
+        validation.validate(validation.read_runs(bad), catalog, cal)
