@@ -28,12 +28,12 @@ from dse import hw_params
 from dse.metrics import DERIVED, METRICS
 from dse.search_space import SearchSpace
 from dse.study import CATEGORICAL, PLAN_AXES, Study
-from dse.sweep import space_from_study
+from dse.sweep import columns_plan, space_from_study
 from hetersim import build
 from hetersim.calibration import load_calibration
 from hetersim.cluster import ClusterSpec, simulate_cluster
 from hetersim.simulate import simulate
-from hetersim.specs import Calibration, Plan
+from hetersim.specs import Calibration
 
 CODE_COLUMNS = ("recompute", "sp", "precision", "attention", "order")
 BLOCK = 1 << 15  # configurations per compiled call
@@ -122,27 +122,7 @@ def solve_block(
 
     def per_point(system, model, n):
         divides = (jnp.mod(n, group) == 0) & (rows["real"] > 0)
-        plan = Plan(
-            n_gpus=jnp.broadcast_to(n, (k,)),
-            tp=rows["tp"],
-            pp=rows["pp"],
-            vp=rows["vp"],
-            dp=n / group,
-            cp=rows["cp"],
-            sp=jnp.where(rows["sp"] < 0, rows["tp"] > 1, rows["sp"] > 0).astype(jnp.float32),
-            zero=rows["zero"],
-            micro_batch=rows["micro_batch"],
-            global_batch=rows["global_batch"],
-            seq_len=rows["seq_len"],
-            train_tokens=jnp.broadcast_to(fixed["train_tokens"], (k,)),
-            recompute_code=rows["recompute"],
-            precision_code=rows["precision"],
-            attention_code=rows["attention"],
-            order_code=rows["order"],
-            offload_tier_code=jnp.broadcast_to(fixed["offload_tier_code"], (k, *fixed["offload_tier_code"].shape)),
-            cpu_optimizer=jnp.broadcast_to(fixed["cpu_optimizer"], (k,)),
-            bucket_Mparams=jnp.broadcast_to(fixed["bucket_Mparams"], (k,)),
-        )
+        plan = columns_plan(rows, fixed, n_gpus=n, dp=n / group)
         if isinstance(system, ClusterSpec):  # static: a search over mixes (search.mix)
             out = jax.vmap(simulate_cluster, in_axes=(None, None, 0, None))(model, system, plan, cal).total
         else:

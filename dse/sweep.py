@@ -224,6 +224,34 @@ def _stack(specs: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *specs)
 
 
+def columns_plan(col: Mapping[str, Any], fixed: Mapping[str, Any], *, n_gpus, dp) -> Plan:
+    """A batched :class:`Plan` from per-configuration plan columns (categorical ones as codes,
+    ``sp`` < 0 meaning on whenever tp > 1) and the study's fixed fields, broadcast to the batch."""
+    batch = jnp.shape(col["tp"])[0]
+    fixed = {k: jnp.broadcast_to(v, (batch, *jnp.shape(v))) for k, v in fixed.items()}
+    return Plan(
+        n_gpus=jnp.broadcast_to(n_gpus, (batch,)),
+        tp=col["tp"],
+        pp=col["pp"],
+        vp=col["vp"],
+        dp=dp,
+        cp=col["cp"],
+        sp=jnp.where(col["sp"] < 0, col["tp"] > 1, col["sp"] > 0).astype(jnp.float32),
+        zero=col["zero"],
+        micro_batch=col["micro_batch"],
+        global_batch=col["global_batch"],
+        seq_len=col["seq_len"],
+        train_tokens=fixed["train_tokens"],
+        recompute_code=col["recompute"],
+        precision_code=col["precision"],
+        attention_code=col["attention"],
+        order_code=col["order"],
+        offload_tier_code=fixed["offload_tier_code"],
+        cpu_optimizer=fixed["cpu_optimizer"],
+        bucket_Mparams=fixed["bucket_Mparams"],
+    )
+
+
 def _digits(idx, radices: Sequence[int]) -> list[Any]:
     """Mixed-radix digits of ``idx`` (NumPy or JAX integers), most significant first."""
     out = []
@@ -312,29 +340,7 @@ def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk:
 
     model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
     system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
-    fixed = {k: jnp.broadcast_to(v, (chunk, *jnp.shape(v))) for k, v in tables["fixed"].items()}
-    sp = jnp.where(col["sp"] < 0, col["tp"] > 1, col["sp"] > 0).astype(jnp.float32)
-    plan = Plan(
-        n_gpus=col["n_gpus"],
-        tp=col["tp"],
-        pp=col["pp"],
-        vp=col["vp"],
-        dp=col["dp"],
-        cp=col["cp"],
-        sp=sp,
-        zero=col["zero"],
-        micro_batch=col["micro_batch"],
-        global_batch=col["global_batch"],
-        seq_len=col["seq_len"],
-        train_tokens=fixed["train_tokens"],
-        recompute_code=col["recompute"],
-        precision_code=col["precision"],
-        attention_code=col["attention"],
-        order_code=col["order"],
-        offload_tier_code=fixed["offload_tier_code"],
-        cpu_optimizer=fixed["cpu_optimizer"],
-        bucket_Mparams=fixed["bucket_Mparams"],
-    )
+    plan = columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
     if isinstance(system, ClusterSpec):  # static: the study's structure, not a traced value
         out = _batched_cluster(model, system, plan, cal).total
     else:

@@ -26,8 +26,8 @@ from . import build
 from .simulate import simulate
 from .specs import Calibration
 from .stacks import Stack, load_stacks, stack_for
-from .types import ATTENTION
 from .terms.flops import megatron_flops_per_token
+from .types import ATTENTION
 
 REQUIRED_COLUMNS = (
     "id", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -181,7 +181,8 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     value = (row.fields.get("attention") or "").strip().lower()
     if value:
         if value not in ATTENTION:
-            raise ValueError(f"{path}: row {row.id}: column attention must be one of {', '.join(ATTENTION)}; got {value!r}")
+            allowed = ", ".join(ATTENTION)
+            raise ValueError(f"{path}: row {row.id}: column attention must be one of {allowed}; got {value!r}")
         return value
     if not gpu.get("flash_attention", True):
         return "materialized"
@@ -227,11 +228,9 @@ def cxl_defaults(inputs: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _system(row: Row | None, inputs: Mapping[str, Any], catalog, path):
+def _system(row: Row | None, inputs: Mapping[str, Any], catalog, path, cxl: Mapping[str, str]):
     try:
-        return build.system_spec(
-            inputs["gpu"], catalog.links, inputs["scaleup_domain"], catalog.memory, **cxl_defaults(inputs)
-        )
+        return build.system_spec(inputs["gpu"], catalog.links, inputs["scaleup_domain"], catalog.memory, **cxl)
     except ValueError as e:
         where = f"row {row.id}: " if row is not None else ""
         raise ValueError(f"{path}: {where}{e}") from None
@@ -297,8 +296,8 @@ def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prep
     for i, row in enumerate(rows):
         inp = row_inputs(row, catalog, path)
         model = build.model_spec(inp["model"])
-        system = _system(row, inp, catalog, path)
         devices.append(cxl_defaults(inp))
+        system = _system(row, inp, catalog, path, devices[-1])
         for cand in _candidates(row, inp):
             try:
                 flat_p.append(build.plan_spec(**cand))
@@ -434,10 +433,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
     match no run are listed as skipped.
     """
     path = Path(path) if path else default_memory_path()
-    try:
-        recs = list(csv.DictReader(io.StringIO(_read_text(path, "memory"), newline="")))
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read memory file ({e.strerror})") from None
+    recs = list(csv.DictReader(io.StringIO(_read_text(path, "memory"), newline="")))
     if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
         raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
     runs = read_runs(runs_path or default_runs_path())
@@ -463,7 +459,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
         if "optimizer_sharding=false" in rec["notes"]:
             plan["zero"] = 0
         model = build.model_spec(inp["model"])
-        system = _system(None, inp, catalog, "memory")
+        system = _system(None, inp, catalog, "memory", cxl_defaults(inp))
         out = _predict(_stack([model]), _stack([system]), _stack([build.plan_spec(**plan)]), cal)
         pred = _component(out, 0, rec["component"])
         if pred is None:

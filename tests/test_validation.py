@@ -169,7 +169,7 @@ def test_bad_stacks_file_is_rejected(tmp_path):
     f.write_text('[x]\nmatch = ["a"]\nattention = "sparse"\n')
     with pytest.raises(ValueError, match="stack x: attention must be one of"):
         load_stacks(f)
-    f.write_text('[x]\nmatch = []\n')
+    f.write_text("[x]\nmatch = []\n")
     with pytest.raises(ValueError, match="match must be a non-empty list"):
         load_stacks(f)
     f.write_text('[x]\nmatch = ["a"]\ncolour = 1\n')

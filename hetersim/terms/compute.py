@@ -104,7 +104,7 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
     return 4.0 * b * (s / plan.cp) * s * m.hidden / plan.tp * 0.5
 
 
-def _fused_eff(dev: DeviceSpec, plan: Plan, fastest, fa2):
+def _fused_eff(plan: Plan, fastest, fa2):
     """Utilisation of the plan's fused attention kernel: the device's fastest, or FA2-class."""
     return jnp.where(plan.attention_code == 2, fa2, fastest)
 
@@ -112,7 +112,7 @@ def _fused_eff(dev: DeviceSpec, plan: Plan, fastest, fa2):
 def attention_fwd_s(dev, cal, m, plan):
     flops = attention_flops_fwd(m, plan)
     bf16 = dev.peak_tflops[BF16] * TFLOP
-    eff = _fused_eff(dev, plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
+    eff = _fused_eff(plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
     flash = safe_div(flops, bf16 * eff, 1e9) + cal.kernel_overhead_us * US
     return jnp.where(plan.attention_code == 1, _materialized_s(dev, cal, m, plan, 1.0), flash)
 
@@ -120,7 +120,7 @@ def attention_fwd_s(dev, cal, m, plan):
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
     bf16 = dev.peak_tflops[BF16] * TFLOP
-    eff = _fused_eff(dev, plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
+    eff = _fused_eff(plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
     flash = safe_div(flops, bf16 * eff, 1e9) + 2.0 * cal.kernel_overhead_us * US
     return jnp.where(plan.attention_code == 1, _materialized_s(dev, cal, m, plan, 2.0), flash)
 
