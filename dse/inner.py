@@ -28,7 +28,7 @@ from dse import hw_params
 from dse.metrics import DERIVED, METRICS
 from dse.search_space import SearchSpace
 from dse.study import CATEGORICAL, PLAN_AXES, Study
-from dse.sweep import columns_plan, space_from_study
+from dse.sweep import FIXED_FIELDS, columns_plan, space_from_study
 from hetersim import build
 from hetersim.calibration import load_calibration
 from hetersim.cluster import ClusterSpec, simulate_cluster
@@ -187,7 +187,7 @@ class InnerSolver:
         base = sweep_space.base_plan
         self.fixed = {
             k: np.asarray(getattr(base, k))
-            for k in ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams")
+            for k in FIXED_FIELDS
         }
         self.cal = cal if cal is not None else build.calibration_spec(load_calibration())
         if space.mix is not None:

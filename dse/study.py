@@ -57,7 +57,7 @@ PLAN_DEFAULTS: dict[str, Any] = {
     "attention": "flash",
     "order": ORDER[0],
 }
-PLAN_SCALARS = ("train_tokens", "offload", "cpu_optimizer", "bucket_Mparams")
+PLAN_SCALARS = ("train_tokens", "offload", "cpu_optimizer", "bucket_Mparams", "reuse_Mparams")
 DEFAULT_TRAIN_TOKENS = 2.0e12
 
 AUTO_RULES = {
@@ -101,6 +101,7 @@ class Study:
     offload: dict[str, str] = field(default_factory=dict)
     cpu_optimizer: bool | None = None
     bucket_Mparams: float = 0.0
+    reuse_Mparams: float = 0.0
     constraints: dict[str, float] = field(default_factory=dict)
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     description: str = ""
@@ -433,8 +434,9 @@ def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "train_tokens" in plan_t:
         out["train_tokens"] = _number(origin, "plan.train_tokens", plan_t["train_tokens"])
-    if "bucket_Mparams" in plan_t:
-        out["bucket_Mparams"] = _number(origin, "plan.bucket_Mparams", plan_t["bucket_Mparams"], positive=False)
+    for key in ("bucket_Mparams", "reuse_Mparams"):
+        if key in plan_t:
+            out[key] = _number(origin, f"plan.{key}", plan_t[key], positive=False)
     if "cpu_optimizer" in plan_t:
         if not isinstance(plan_t["cpu_optimizer"], bool):
             raise _err(origin, "plan.cpu_optimizer", f"must be true or false; got {plan_t['cpu_optimizer']!r}")

@@ -65,7 +65,7 @@ PARETO_BIT = 1  # kept_because: bit 0 the Pareto set, bit 1 + i the top-k of obj
 # -1 (on when tp > 1), 0 or 1 in the tables and 0 or 1 in the results.
 COLUMNS = ("model", "gpu", "n_gpus", *PLAN_AXES[:5], "dp", *PLAN_AXES[5:])
 CODE_COLUMNS = ("model", "gpu", "recompute", "sp", "precision", "attention", "order")
-FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams")  # shared by all
+FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams", "reuse_Mparams")  # shared by all
 LAYOUT_COLUMNS = ("n_gpus", "tp", "pp", "cp", "micro_batch", "global_batch")
 
 COORD_ATTRS = {
@@ -249,6 +249,7 @@ def columns_plan(col: Mapping[str, Any], fixed: Mapping[str, Any], *, n_gpus, dp
         offload_tier_code=fixed["offload_tier_code"],
         cpu_optimizer=fixed["cpu_optimizer"],
         bucket_Mparams=fixed["bucket_Mparams"],
+        reuse_Mparams=fixed["reuse_Mparams"],
     )
 
 
@@ -289,7 +290,11 @@ def space_from_study(study: Study) -> Space:
         else:
             codes = list(values)
         factors.append((name, {name: np.array(codes, dtype=np.int64)}))
-    fixed: dict[str, Any] = {"train_tokens": study.train_tokens, "bucket_Mparams": study.bucket_Mparams}
+    fixed: dict[str, Any] = {
+        "train_tokens": study.train_tokens,
+        "bucket_Mparams": study.bucket_Mparams,
+        "reuse_Mparams": study.reuse_Mparams,
+    }
     if study.offload:
         fixed["offload"] = dict(study.offload)
     if study.cpu_optimizer is not None:

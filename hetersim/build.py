@@ -79,6 +79,11 @@ def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:
     )
 
 
+def _lat(link: Mapping[str, Any], protocol: str) -> float:
+    """A link's per-step latency under an NCCL protocol; Simple's where the link gives none."""
+    return float(link.get(f"latency_{protocol}_us", link["latency_us"]))
+
+
 def network_spec(
     gpu: Mapping[str, Any],
     links: Mapping[str, Mapping[str, Any]],
@@ -98,6 +103,8 @@ def network_spec(
         ),
         busbw_eff=np.array([up["busbw_eff"], up["busbw_eff"], nic["busbw_eff"]], float),
         latency_us=np.array([up["latency_us"], up["latency_us"], nic["latency_us"]], float),
+        ll_latency_us=np.array([_lat(up, "ll"), _lat(up, "ll"), _lat(nic, "ll")], float),
+        ll128_latency_us=np.array([_lat(up, "ll128"), _lat(up, "ll128"), _lat(nic, "ll128")], float),
     )
     assert net.domain_gpus.shape == (N_LEVELS,)
     return as_arrays(net)
@@ -152,6 +159,7 @@ def plan_spec(
     offload: Mapping[str, str] | None = None,
     cpu_optimizer: bool | None = None,
     bucket_Mparams: float = 0.0,
+    reuse_Mparams: float = 0.0,
 ) -> Plan:
     """A :class:`Plan` from plain options; ``dp`` defaults to ``n_gpus / (tp*pp*cp)``.
 
@@ -168,6 +176,8 @@ def plan_spec(
     dp = _positive("dp", dp)
     if bucket_Mparams < 0:
         raise ValueError(f"bucket_Mparams must be >= 0 (0 = default); got {bucket_Mparams!r}")
+    if reuse_Mparams < 0:
+        raise ValueError(f"reuse_Mparams must be >= 0 (0 = FSDP, keeps gathered weights); got {reuse_Mparams!r}")
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero must be one of 0, 1, 2, 3; got {zero!r}")
     tiers = np.zeros(len(OFFLOAD_STATE))
@@ -197,6 +207,7 @@ def plan_spec(
             offload_tier_code=tiers.astype(np.int32),
             cpu_optimizer=float(bool(cpu_optimizer)),
             bucket_Mparams=float(bucket_Mparams),
+            reuse_Mparams=float(reuse_Mparams),
         )
     )
 

@@ -22,7 +22,7 @@ from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
 from .terms._safe import pos, safe_div
-from .terms.flops import model_flops_per_token, total_params
+from .terms.flops import layer_params, model_flops_per_token, total_params
 from .types import Infeasible
 from .units import HOUR, KWH, GiB
 
@@ -144,6 +144,22 @@ def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
     return jnp.where(plan.bucket_Mparams > 0, plan.bucket_Mparams * 1e6, auto)
 
 
+def zero3_regather(model: ModelSpec, plan: Plan):
+    """Fraction of a layer's weights that ZeRO-3 gathers a third time under full recomputation.
+
+    The recomputed forward of a layer uses its weights in forward order and the backward right
+    after uses them in reverse, so a weight with ``S`` parameters after it in the layer is reused
+    ``2 S`` parameters later. FSDP keeps what the recompute gathered for the backward
+    (``reuse_Mparams`` 0, the default); DeepSpeed ZeRO-3 releases a weight after each use unless
+    it is reused within ``stage3_max_reuse_distance`` parameters (``reuse_Mparams``, DeepSpeed's
+    default 1000), so the weights with ``S`` above half that distance are gathered again.
+    """
+    p_layer = layer_params(model) / plan.tp
+    half = 0.5 * plan.reuse_Mparams * 1e6
+    frac = jnp.clip(safe_div(p_layer - half, p_layer), 0.0, 1.0)
+    return jnp.where((plan.reuse_Mparams > 0) & (plan.recompute_code == 2), frac, 0.0)
+
+
 def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> Breakdown:
     dev, net, host = system.device, system.network, system.host
     n_micro = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0)
@@ -190,7 +206,12 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
     win_f = cal.dp_overlap * t_fwd_mb
     dp_z0 = pos(ar_bw - win_b) + ar_lat
     dp_z12 = pos(rs_bw - win_b) + rs_lat + pos(ag_bw - win_f) + ag_lat
-    dp_z3 = n_micro * (pos(ag_bw - win_f) + pos(ag_bw + rs_bw - win_b) + 2.0 * ag_lat + rs_lat)
+    # Under full recomputation the recomputed forward gathers the weights again; a stack that
+    # releases them after that use (DeepSpeed) gathers once more for the backward (see zero3_regather).
+    g = zero3_regather(model, plan)
+    dp_z3 = n_micro * (
+        pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat
+    )
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [dp_z3, dp_z12], dp_z0)
     dp = jnp.where(n_dp > 1, dp, 0.0)
 

@@ -55,13 +55,17 @@ class NetworkSpec:
 
     ``domain_gpus[l]`` GPUs share level ``l`` (8 for an HGX node, 72 for NVL72, everything for the
     scale-out fabric). ``bw_GBps`` is per GPU and per direction; ``busbw_eff`` the measured
-    fraction of it that NCCL collectives reach; ``latency_us`` the per-step latency.
+    fraction of it that NCCL collectives reach; ``latency_us`` the per-step latency of NCCL's
+    Simple protocol and ``ll_latency_us`` / ``ll128_latency_us`` of its low-latency protocols
+    (equal to ``latency_us`` where a link has none).
     """
 
     domain_gpus: Any  # [N_LEVELS]
     bw_GBps: Any  # [N_LEVELS]
     busbw_eff: Any  # [N_LEVELS]
     latency_us: Any  # [N_LEVELS]
+    ll_latency_us: Any  # [N_LEVELS]
+    ll128_latency_us: Any  # [N_LEVELS]
 
 
 @spec
@@ -119,6 +123,7 @@ class Plan:
     offload_tier_code: Any  # [4] tier per OFFLOAD_STATE (0 = stays in HBM)
     cpu_optimizer: Any  # 1: the optimizer step runs on the host CPU (DeepSpeed CPU-Adam)
     bucket_Mparams: Any  # DP/ZeRO collective granularity in 1e6 parameters; 0 = the stack default
+    reuse_Mparams: Any  # ZeRO-3 reuse distance (DeepSpeed stage3_max_reuse_distance) in 1e6; 0 = FSDP
 
 
 @spec

@@ -1,7 +1,8 @@
 """Software-stack facts for published runs (``data/stacks.toml``).
 
 A runs CSV describes hardware and layout but not which attention kernel the framework of the
-day ran, or whether it sharded over context-parallel ranks. Those are facts about software,
+day ran, whether it sharded over context-parallel ranks, or how its ZeRO-3 reused gathered
+weights. Those are facts about software,
 looked up here by the row's ``source``; each cites where it comes from. They are categorical:
 the time a kernel takes still comes from the device's measured utilisation.
 """
@@ -18,7 +19,7 @@ from .types import ATTENTION
 
 __all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
 
-_FIELDS = {"name", "match", "attention", "shards_over_cp", "sources"}
+_FIELDS = {"name", "match", "attention", "shards_over_cp", "zero3_reuse_Mparams", "sources"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Stack:
     match: tuple[str, ...]
     attention: str | None = None
     shards_over_cp: bool = False
+    zero3_reuse_Mparams: float = 0.0  # ZeRO-3 reuse distance (Plan.reuse_Mparams); 0: FSDP's behaviour
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -61,6 +63,9 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
         shards = entry.get("shards_over_cp", False)
         if not isinstance(shards, bool):
             raise ValueError(f"{where}: shards_over_cp must be true or false; got {shards!r}")
+        reuse = entry.get("zero3_reuse_Mparams", 0.0)
+        if isinstance(reuse, bool) or not isinstance(reuse, int | float) or not reuse >= 0:
+            raise ValueError(f"{where}: zero3_reuse_Mparams must be a number >= 0; got {reuse!r}")
         out.append(
             Stack(
                 key=key,
@@ -68,6 +73,7 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
                 match=tuple(m.strip() for m in match),
                 attention=attention,
                 shards_over_cp=shards,
+                zero3_reuse_Mparams=float(reuse),
                 sources={str(k): str(v) for k, v in (entry.get("sources") or {}).items()},
             )
         )

@@ -162,6 +162,7 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         precision=_category(row, "precision", "bf16"),
         attention=_attention(row, gpu, path),
         offload=offload,
+        reuse_Mparams=row.stack.zero3_reuse_Mparams if row.stack is not None else 0.0,
     )
     return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
 

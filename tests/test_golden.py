@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import pytest
 
 from hetersim import build
@@ -154,3 +155,57 @@ def test_zero3_buffers_hold_two_gathered_layers_and_one_layer_of_gradients():
     z3 = float(buffer_bytes(m, build.plan_spec(zero=3, **kw)))
     per_layer = float(layer_params(m)) / 8
     assert z3 - z1 == pytest.approx(per_layer * (2 * 2.0 + 4.0), rel=1e-6)
+
+
+def test_collectives_run_on_nccls_fastest_protocol(catalog):
+    # NCCL's tuning model (tuning.cc @b6475625) for an all-gather over 2240 A100s (280 DGX nodes,
+    # HDR): Simple costs 8.4 us + 1960 NVLink steps x 3.4 us + 279 network steps x 14 us; LL128
+    # 14 us + 1960 x 1.9 us + 279 x 4.0 us at 92% of the bandwidth; LL 6.6 us + 1960 x max(0.6,
+    # 1.0 net overhead) + 279 x 2.7 us at a quarter of it.
+    from hetersim.terms import comm
+
+    net = build.network_spec(catalog.gpu("a100-sxm-80gb"), catalog.links)
+    n, one = jnp.float32(2240.0), jnp.float32(1.0)
+    simple = (8.4 + 1960 * 3.4 + 279 * 14.0) * 1e-6
+    ll128 = (14.0 + 1960 * 1.9 + 279 * 4.0) * 1e-6
+    ll = (6.6 + 1960 * 1.0 + 279 * 2.7) * 1e-6
+    assert float(comm.ring_latency_s(net, n, one)) == pytest.approx(simple, rel=1e-5)
+    assert float(comm.ring_latency_s(net, n, one, "ll128")) == pytest.approx(ll128, rel=1e-5)
+    assert float(comm.ring_latency_s(net, n, one, "ll")) == pytest.approx(ll, rel=1e-5)
+    bw_simple = float(comm._bandwidth_s(net, n, one, jnp.float32(1e8), 1.0))
+    # A 100 MB gather (one ZeRO-3 prefetch bucket of 50M fp16 weights): LL128 is fastest.
+    bw, lat = comm.all_gather_parts(net, n, one, jnp.float32(1e8))
+    assert float(lat) == pytest.approx(ll128, rel=1e-5)
+    assert float(bw) == pytest.approx(bw_simple / 0.92, rel=1e-5)
+    # 100 GB in one gather: bandwidth dominates and Simple wins.
+    bw, lat = comm.all_gather_parts(net, n, one, jnp.float32(1e11))
+    assert float(lat) == pytest.approx(simple, rel=1e-5)
+    # A link that gives no low-latency protocol is priced on Simple alone.
+    plain = {k: {f: v for f, v in e.items() if not f.startswith("latency_ll")} for k, e in catalog.links.items()}
+    net0 = build.network_spec(catalog.gpu("a100-sxm-80gb"), plain)
+    _, lat0 = comm.all_gather_parts(net0, n, one, jnp.float32(1e8))
+    assert float(lat0) == pytest.approx(simple, rel=1e-5)
+    # One rank: no collective, no cost.
+    assert float(sum(comm.all_gather_parts(net, one, one, jnp.float32(1e8)))) == 0.0
+
+
+def test_deepspeed_zero3_regathers_what_it_releases():
+    # GPT 530B layer: 12 h^2 + 2 h = 5.033e9 weights (biases ignored). DeepSpeed keeps a weight from the
+    # recomputed forward to the backward only if the 2 S weights used in between (S after it in
+    # the layer) are within stage3_max_reuse_distance = 1e9: the first 5.033e9 - 0.5e9 are gathered
+    # again, 90.07% of the layer.
+    from hetersim.simulate import zero3_regather
+
+    m = build.model_spec(dict(layers=105, hidden=20480, heads=128, kv_heads=128, ffn_hidden=81920, vocab=51200, mlp="plain"))
+    kw = dict(n_gpus=2240, tp=1, pp=1, zero=3, micro_batch=1, global_batch=2240, seq_len=2048)
+    p_layer = 12 * 20480**2 + 2 * 20480
+    ds = build.plan_spec(recompute="full", reuse_Mparams=1000.0, **kw)
+    assert float(zero3_regather(m, ds)) == pytest.approx((p_layer - 0.5e9) / p_layer, rel=1e-5)
+    # FSDP (0) keeps the recompute's gather; without full recomputation nothing is re-gathered.
+    assert float(zero3_regather(m, build.plan_spec(recompute="full", **kw))) == 0.0
+    assert float(zero3_regather(m, build.plan_spec(recompute="selective", reuse_Mparams=1000.0, **kw))) == 0.0
+    # A layer shorter than half the distance is kept whole (LLaMA-2-7B: 0.2e9 per layer).
+    small = build.model_spec(dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, mlp="gated"))
+    assert float(zero3_regather(small, ds)) == 0.0
+    with pytest.raises(ValueError, match="reuse_Mparams must be >= 0"):
+        build.plan_spec(reuse_Mparams=-1.0, **kw)

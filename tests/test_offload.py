@@ -103,7 +103,8 @@ def test_zero3_offload_on_512_v100(catalog, cal, size):
     32768; model parallelism 4 (its trillion-scale 32-node runs); fp16, full activation
     checkpointing with the checkpoints partitioned across the model-parallel ranks (DeepSpeed
     partition_activations, modelled as sequence parallelism); ZeRO-3 with optimizer states,
-    gradients and parameters offloaded to host DRAM and DeepSpeed CPU-Adam; the micro-batch the
+    gradients and parameters offloaded to host DRAM and DeepSpeed CPU-Adam, which gathers again the
+    weights it released after the recomputed forward (stage3_max_reuse_distance 1e9); the micro-batch the
     largest of 1..8 that fits in HBM and host DRAM. TFLOP/s by Megatron's formula with
     recomputation (Narayanan et al. SC'21 eq. 3), as DeepSpeed reports them.
 
@@ -129,6 +130,7 @@ def test_zero3_offload_on_512_v100(catalog, cal, size):
             precision="fp16",
             attention="materialized",
             offload=off,
+            reuse_Mparams=1000.0,  # DeepSpeed's stage3_max_reuse_distance default
         )
         for b in range(1, 9)
     ]

@@ -187,6 +187,9 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "bw_GBps": _POSITIVE,
         "latency_us": _POSITIVE,
         "busbw_eff": _FRACTION,
+        # Optional: per-step latency of NCCL's low-latency protocols (absent: Simple only).
+        "latency_ll_us": _POSITIVE.optional(),
+        "latency_ll128_us": _POSITIVE.optional(),
     },
     "models": {
         "name": _TEXT,

@@ -6,7 +6,8 @@ domain of level ``l`` (``D_l`` GPUs). Collectives are hierarchical, as NCCL runs
 nodes: a ring phase per level over the ``r_l`` ranks that level adds, on the data left after the
 phases inside it (the intra-node phase of an all-reduce leaves ``M / r_0`` bytes per rank for the
 inter-node phase). Ring all-reduce moves ``2(r-1)/r`` of the buffer per rank and all-gather or
-reduce-scatter ``(r-1)/r`` (MODELING_NOTES "Communication"); each ring step costs one latency.
+reduce-scatter ``(r-1)/r`` (MODELING_NOTES "Communication"); each ring step costs one latency of
+the NCCL protocol (LL, LL128, Simple) that NCCL's own model finds fastest for the message.
 Bandwidth per level is ``bw_GBps * busbw_eff``: the measured NCCL bus bandwidth (8xA100 234.9 of
 300 GB/s, 8xH200 367.6 of 450 GB/s; inter-node about 73% of the NIC line rate).
 """
@@ -60,17 +61,50 @@ def _bandwidth_s(net: NetworkSpec, n, stride, nbytes, factor):
     return t
 
 
-def ring_latency_s(net: NetworkSpec, n, stride):
+# NCCL's protocols (src/graph/tuning.cc @b6475625). Each collective runs on the protocol NCCL's
+# model finds fastest for its size: LL and LL128 cut the per-step latency and pay in bandwidth.
+PROTOCOLS = ("ll", "ll128", "simple")
+_BASE_US = {"ll": 6.6, "ll128": 14.0, "simple": 8.4}  # baseLat[Ring]: once per collective
+# getNetOverhead (x86 Intel host): every intra-node step of a ring that leaves the node costs at
+# least this, three times it under Simple.
+_NET_OVERHEAD_US = 1.0
+
+
+def _bw_factor(protocol: str, multi_node, all_reduce: bool):
+    """Fraction of Simple's bus bandwidth a protocol reaches: LL 1/4 across nodes or in an
+    all-reduce, else 1/3; LL128 0.92 (tuning.cc's model refinements)."""
+    if protocol == "ll":
+        return 0.25 if all_reduce else jnp.where(multi_node, 0.25, 1.0 / 3.0)
+    return 0.92 if protocol == "ll128" else 1.0
+
+
+def _step_latency_us(net: NetworkSpec, protocol: str):
+    return {"ll": net.ll_latency_us, "ll128": net.ll128_latency_us, "simple": net.latency_us}[protocol]
+
+
+def _multi_node(net: NetworkSpec, n, stride):
+    """True where the group spans more than one scale-up domain."""
+    return ranks_per_level(net, n, stride)[0] < n
+
+
+def ring_latency_s(net: NetworkSpec, n, stride, protocol: str = "simple"):
     """Latency of one pass around a ring of all ``n`` ranks: ``n - 1`` hops, each priced at the
-    latency of the level it crosses (a ring enters and leaves each domain of a level once)."""
+    protocol's step latency of the level it crosses (a ring enters and leaves each domain of a
+    level once), plus the protocol's fixed cost per collective."""
+    lat = _step_latency_us(net, protocol)
+    multi = _multi_node(net, n, stride)
+    floor = _NET_OVERHEAD_US * (3.0 if protocol == "simple" else 1.0)
     t = jnp.zeros_like(n)
     prev_hops = jnp.zeros_like(n)
     for level, inside in enumerate(ranks_per_level(net, n, stride)):
         # Hops that stay inside a domain of this level but cross one of the level below.
         hops = safe_div(n, inside, 1.0) * (inside - 1.0) - prev_hops
-        t = t + hops * net.latency_us[level] * US
+        step = lat[level]
+        if level < N_LEVELS - 1:
+            step = jnp.where(multi, jnp.maximum(step, floor), step)
+        t = t + hops * step * US
         prev_hops = prev_hops + hops
-    return t
+    return t + jnp.where(n > 1, _BASE_US[protocol], 0.0) * US
 
 
 def tree_latency_s(net: NetworkSpec, n, stride):
@@ -84,30 +118,46 @@ def tree_latency_s(net: NetworkSpec, n, stride):
     return t
 
 
+def _fastest(candidates):
+    """The (bandwidth, latency) pair with the least total, elementwise."""
+    best_bw, best_lat = candidates[0]
+    for bw, lat in candidates[1:]:
+        better = bw + lat < best_bw + best_lat
+        best_bw, best_lat = jnp.where(better, bw, best_bw), jnp.where(better, lat, best_lat)
+    return best_bw, best_lat
+
+
 def all_reduce_parts(net: NetworkSpec, n, stride, nbytes, count=1.0):
-    """(bandwidth seconds, latency seconds) of ``count`` all-reduces totalling ``nbytes``."""
-    lat = jnp.minimum(2.0 * ring_latency_s(net, n, stride), tree_latency_s(net, n, stride))
-    return _bandwidth_s(net, n, stride, nbytes, 2.0), count * lat
+    """(bandwidth seconds, latency seconds) of ``count`` all-reduces totalling ``nbytes``: the
+    fastest of a ring under each protocol (two passes, one fixed cost) and a tree, as NCCL's
+    tuner picks."""
+    bw = _bandwidth_s(net, n, stride, nbytes, 2.0)
+    multi = _multi_node(net, n, stride)
+    cands = [(bw, count * tree_latency_s(net, n, stride))]
+    for p in PROTOCOLS:
+        base = jnp.where(n > 1, _BASE_US[p], 0.0) * US
+        ring = 2.0 * ring_latency_s(net, n, stride, p) - base
+        cands.append((bw / _bw_factor(p, multi, True), count * ring))
+    return _fastest(cands)
 
 
 def all_gather_parts(net: NetworkSpec, n, stride, nbytes, count=1.0):
-    """(bandwidth seconds, latency seconds) of ``count`` all-gathers or reduce-scatters."""
-    return _bandwidth_s(net, n, stride, nbytes, 1.0), count * ring_latency_s(net, n, stride)
+    """(bandwidth seconds, latency seconds) of ``count`` all-gathers or reduce-scatters of a
+    buffer of ``nbytes`` (full, gathered size). NCCL runs these as rings only, so latency grows
+    linearly with the ranks; each runs on the fastest protocol for its size."""
+    bw = _bandwidth_s(net, n, stride, nbytes, 1.0)
+    multi = _multi_node(net, n, stride)
+    return _fastest([(bw / _bw_factor(p, multi, False), count * ring_latency_s(net, n, stride, p)) for p in PROTOCOLS])
 
 
 def all_reduce_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
-    """Seconds for ``count`` all-reduces totalling ``nbytes`` over ``n`` ranks of stride ``stride``.
-
-    Latency: the cheaper of a ring (two passes) and a tree, as NCCL's tuner picks.
-    """
-    lat = jnp.minimum(2.0 * ring_latency_s(net, n, stride), tree_latency_s(net, n, stride))
-    return _bandwidth_s(net, n, stride, nbytes, 2.0) + count * lat
+    """Seconds for ``count`` all-reduces totalling ``nbytes`` over ``n`` ranks of stride ``stride``."""
+    return sum(all_reduce_parts(net, n, stride, nbytes, count))
 
 
 def all_gather_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
-    """All-gather (or reduce-scatter) of a buffer of ``nbytes`` (full, gathered size) in ``count``
-    collectives. NCCL runs these as rings only, so latency grows linearly with the ranks."""
-    return _bandwidth_s(net, n, stride, nbytes, 1.0) + count * ring_latency_s(net, n, stride)
+    """All-gather (or reduce-scatter) of a buffer of ``nbytes`` in ``count`` collectives."""
+    return sum(all_gather_parts(net, n, stride, nbytes, count))
 
 
 reduce_scatter_s = all_gather_s
