@@ -185,10 +185,7 @@ class InnerSolver:
         self.kinds = sweep_space.kinds
         self.limits = np.asarray(sweep_space.limits, np.float32).reshape(len(sweep_space.limits))
         base = sweep_space.base_plan
-        self.fixed = {
-            k: np.asarray(getattr(base, k))
-            for k in FIXED_FIELDS
-        }
+        self.fixed = {k: np.asarray(getattr(base, k)) for k in FIXED_FIELDS}
         self.cal = cal if cal is not None else build.calibration_spec(load_calibration())
         if space.mix is not None:
             counts: Sequence[int] | None = study.axes["n_gpus"]

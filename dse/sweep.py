@@ -65,7 +65,8 @@ PARETO_BIT = 1  # kept_because: bit 0 the Pareto set, bit 1 + i the top-k of obj
 # -1 (on when tp > 1), 0 or 1 in the tables and 0 or 1 in the results.
 COLUMNS = ("model", "gpu", "n_gpus", *PLAN_AXES[:5], "dp", *PLAN_AXES[5:])
 CODE_COLUMNS = ("model", "gpu", "recompute", "sp", "precision", "attention", "order")
-FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams", "reuse_Mparams")  # shared by all
+# Plan fields shared by all configurations of a study.
+FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams", "reuse_Mparams")
 LAYOUT_COLUMNS = ("n_gpus", "tp", "pp", "cp", "micro_batch", "global_batch")
 
 COORD_ATTRS = {

@@ -209,9 +209,7 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
     # Under full recomputation the recomputed forward gathers the weights again; a stack that
     # releases them after that use (DeepSpeed) gathers once more for the backward (see zero3_regather).
     g = zero3_regather(model, plan)
-    dp_z3 = n_micro * (
-        pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat
-    )
+    dp_z3 = n_micro * (pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat)
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [dp_z3, dp_z12], dp_z0)
     dp = jnp.where(n_dp > 1, dp, 0.0)
 

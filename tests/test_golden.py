@@ -196,7 +196,8 @@ def test_deepspeed_zero3_regathers_what_it_releases():
     # again, 90.07% of the layer.
     from hetersim.simulate import zero3_regather
 
-    m = build.model_spec(dict(layers=105, hidden=20480, heads=128, kv_heads=128, ffn_hidden=81920, vocab=51200, mlp="plain"))
+    gpt = dict(layers=105, hidden=20480, heads=128, kv_heads=128, ffn_hidden=81920, vocab=51200, mlp="plain")
+    m = build.model_spec(gpt)
     kw = dict(n_gpus=2240, tp=1, pp=1, zero=3, micro_batch=1, global_batch=2240, seq_len=2048)
     p_layer = 12 * 20480**2 + 2 * 20480
     ds = build.plan_spec(recompute="full", reuse_Mparams=1000.0, **kw)
@@ -205,7 +206,8 @@ def test_deepspeed_zero3_regathers_what_it_releases():
     assert float(zero3_regather(m, build.plan_spec(recompute="full", **kw))) == 0.0
     assert float(zero3_regather(m, build.plan_spec(recompute="selective", reuse_Mparams=1000.0, **kw))) == 0.0
     # A layer shorter than half the distance is kept whole (LLaMA-2-7B: 0.2e9 per layer).
-    small = build.model_spec(dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, mlp="gated"))
+    llama = dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, mlp="gated")
+    small = build.model_spec(llama)
     assert float(zero3_regather(small, ds)) == 0.0
     with pytest.raises(ValueError, match="reuse_Mparams must be >= 0"):
         build.plan_spec(reuse_Mparams=-1.0, **kw)
