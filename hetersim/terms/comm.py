@@ -82,29 +82,43 @@ def _step_latency_us(net: NetworkSpec, protocol: str):
     return {"ll": net.ll_latency_us, "ll128": net.ll128_latency_us, "simple": net.latency_us}[protocol]
 
 
-def _multi_node(net: NetworkSpec, n, stride):
-    """True where the group spans more than one scale-up domain."""
-    return ranks_per_level(net, n, stride)[0] < n
+def _ring(net: NetworkSpec, n, stride):
+    """Hops of a ring of all ``n`` ranks per level (those that stay inside a domain of the level but
+    cross one of the level below; a ring enters and leaves each domain once), and whether the ring
+    leaves its scale-up domain. Both are the same under every protocol."""
+    inside = ranks_per_level(net, n, stride)
+    hops, prev_hops = [], jnp.zeros_like(n)
+    for k in inside:
+        h = safe_div(n, k, 1.0) * (k - 1.0) - prev_hops
+        hops.append(h)
+        prev_hops = prev_hops + h
+    return hops, inside[0] < n
+
+
+def _steps_s(net: NetworkSpec, ring, protocol: str):
+    """One pass of ``ring`` (from :func:`_ring`), each hop priced at the protocol's step latency of
+    the level it crosses; intra-node steps of a multi-node ring cost at least the net overhead."""
+    hops, multi = ring
+    lat = _step_latency_us(net, protocol)
+    floor = _NET_OVERHEAD_US * (3.0 if protocol == "simple" else 1.0)
+    t = jnp.zeros_like(hops[0])
+    for level, h in enumerate(hops):
+        step = lat[level]
+        if level < N_LEVELS - 1:
+            step = jnp.where(multi, jnp.maximum(step, floor), step)
+        t = t + h * step * US
+    return t
+
+
+def _base_s(n, protocol: str):
+    """The protocol's fixed cost per collective (none for a group of one)."""
+    return jnp.where(n > 1, _BASE_US[protocol], 0.0) * US
 
 
 def ring_latency_s(net: NetworkSpec, n, stride, protocol: str = "simple"):
     """Latency of one pass around a ring of all ``n`` ranks: ``n - 1`` hops, each priced at the
-    protocol's step latency of the level it crosses (a ring enters and leaves each domain of a
-    level once), plus the protocol's fixed cost per collective."""
-    lat = _step_latency_us(net, protocol)
-    multi = _multi_node(net, n, stride)
-    floor = _NET_OVERHEAD_US * (3.0 if protocol == "simple" else 1.0)
-    t = jnp.zeros_like(n)
-    prev_hops = jnp.zeros_like(n)
-    for level, inside in enumerate(ranks_per_level(net, n, stride)):
-        # Hops that stay inside a domain of this level but cross one of the level below.
-        hops = safe_div(n, inside, 1.0) * (inside - 1.0) - prev_hops
-        step = lat[level]
-        if level < N_LEVELS - 1:
-            step = jnp.where(multi, jnp.maximum(step, floor), step)
-        t = t + hops * step * US
-        prev_hops = prev_hops + hops
-    return t + jnp.where(n > 1, _BASE_US[protocol], 0.0) * US
+    protocol's step latency of the level it crosses, plus the protocol's fixed cost."""
+    return _base_s(n, protocol) + _steps_s(net, _ring(net, n, stride), protocol)
 
 
 def tree_latency_s(net: NetworkSpec, n, stride):
@@ -132,12 +146,11 @@ def all_reduce_parts(net: NetworkSpec, n, stride, nbytes, count=1.0):
     fastest of a ring under each protocol (two passes, one fixed cost) and a tree, as NCCL's
     tuner picks."""
     bw = _bandwidth_s(net, n, stride, nbytes, 2.0)
-    multi = _multi_node(net, n, stride)
+    ring = _ring(net, n, stride)
     cands = [(bw, count * tree_latency_s(net, n, stride))]
     for p in PROTOCOLS:
-        base = jnp.where(n > 1, _BASE_US[p], 0.0) * US
-        ring = 2.0 * ring_latency_s(net, n, stride, p) - base
-        cands.append((bw / _bw_factor(p, multi, True), count * ring))
+        lat = _base_s(n, p) + 2.0 * _steps_s(net, ring, p)
+        cands.append((bw / _bw_factor(p, ring[1], True), count * lat))
     return _fastest(cands)
 
 
@@ -146,8 +159,9 @@ def all_gather_parts(net: NetworkSpec, n, stride, nbytes, count=1.0):
     buffer of ``nbytes`` (full, gathered size). NCCL runs these as rings only, so latency grows
     linearly with the ranks; each runs on the fastest protocol for its size."""
     bw = _bandwidth_s(net, n, stride, nbytes, 1.0)
-    multi = _multi_node(net, n, stride)
-    return _fastest([(bw / _bw_factor(p, multi, False), count * ring_latency_s(net, n, stride, p)) for p in PROTOCOLS])
+    ring = _ring(net, n, stride)
+    lats = {p: _base_s(n, p) + _steps_s(net, ring, p) for p in PROTOCOLS}
+    return _fastest([(bw / _bw_factor(p, ring[1], False), count * lats[p]) for p in PROTOCOLS])
 
 
 def all_reduce_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
