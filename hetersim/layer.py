@@ -63,10 +63,12 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
     cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)
 
-    # Recomputation during the backward: the whole forward (full) or the attention core and the
-    # activation function (selective).
+    # Recomputation during the backward: the whole forward (full) or the attention core
+    # (selective); with flash attention selective recomputation also rebuilds the activation
+    # function's output, which it does not store (memory.layer_activation_bytes).
     rc = plan.recompute_code
-    recomp = jnp.where(rc == 2, layer_f + tp_f + cp_f, jnp.where(rc == 1, attn_f + act_fn_s, 0.0))
+    selective = attn_f + jnp.where(plan.attention_code != 1, act_fn_s, 0.0)
+    recomp = jnp.where(rc == 2, layer_f + tp_f + cp_f, jnp.where(rc == 1, selective, 0.0))
     head = compute.head_s(dev, cal, model, plan)
     return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head)
 

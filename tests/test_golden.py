@@ -211,3 +211,31 @@ def test_deepspeed_zero3_regathers_what_it_releases():
     assert float(zero3_regather(small, ds)) == 0.0
     with pytest.raises(ValueError, match="reuse_Mparams must be >= 0"):
         build.plan_spec(reuse_Mparams=-1.0, **kw)
+
+
+@pytest.mark.parametrize("attention", ["materialized", "flash"])
+def test_selective_recompute_rebuilds_what_it_did_not_store(catalog, cal, attention):
+    # Korthikanti et al. 2022 §5: selective recomputation drops the attention core's activations
+    # (with materialised scores) and recomputes that core only; the activation function's output
+    # stays stored. With flash attention nothing s x s is stored, and the selective policy drops
+    # and rebuilds the activation function's output instead (memory.layer_activation_bytes).
+    from hetersim.layer import layer_costs
+    from hetersim.terms import compute
+
+    def plan(attn):
+        kw = dict(n_gpus=8, tp=8, sp=True, micro_batch=1, global_batch=8, seq_len=2048, recompute="selective")
+        return build.plan_spec(attention=attn, **kw)
+
+    m = build.model_spec(GPT)
+    s = build.system_spec(catalog.gpu("a100-sxm-80gb"), catalog.links)
+    p = plan(attention)
+    recomp = float(layer_costs(m, s, p, cal).recomp)
+    attn = float(compute.attention_fwd_s(s.device, cal, m, p))
+    act = float(compute.activation_fn_s(s.device, cal, m, p))
+    assert act > 0.0
+    expected = attn if attention == "materialized" else attn + act
+    assert recomp == pytest.approx(expected, rel=1e-6)
+    # Per token, flash stores the activation function's output (2f/t bytes) less and its
+    # log-sum-exp (4a/t bytes) more than the materialised form under selective recomputation.
+    diff = float(layer_activation_bytes(m, plan("materialized"))[0] - layer_activation_bytes(m, plan("flash"))[0])
+    assert diff == pytest.approx(2048 * (2 * 4 * 12288 / 8 - 4 * 96 / 8), rel=1e-6)

@@ -7,6 +7,7 @@ is a verbatim copy of the published-runs table, so these are also the figures on
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hetersim import validation
@@ -32,7 +33,9 @@ def test_step_time_error_is_bounded(report):
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
     assert report["mape_step_time_pct"] <= 10.0
-    assert report["mape_step_time_pct_complete"] <= 3.0
+    # 3.3% since the constants are fitted per source (Narayanan's PTD-P runs, the complete ones,
+    # carry 1/9 of the weight instead of 16/78); the issue's target is 10%.
+    assert report["mape_step_time_pct_complete"] <= 3.5
     assert report["n_infeasible"] == 0
     # Every row within 35%, Narayanan's ZeRO-3 runs on up to 2240 GPUs included: their all-gathers
     # run on NCCL's low-latency protocols, and DeepSpeed gathers again what it released.
@@ -42,9 +45,7 @@ def test_step_time_error_is_bounded(report):
 @pytest.mark.parametrize(
     "label, bound",
     [
-        # The issue's target is 5.0%; the refit after NCCL's protocols and DeepSpeed's re-gathers
-        # (which moved the 175B ZeRO-3 rows) leaves it at 5.03%.
-        ("Korthikanti 2022", 5.1),
+        ("Korthikanti 2022", 5.0),  # the issue's target; 4.5% with the constants fitted per source
         ("Narayanan SC'21", 9.5),
         ("NVIDIA/Megatron-LM", 12.5),
         ("NVIDIA/NeMo", 6.0),
@@ -198,6 +199,20 @@ def test_leave_one_source_out_error_is_bounded(catalog):
     print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
     assert cv["mape_step_time_pct"] <= 12.0
     assert cv["per_source"]["Korthikanti 2022"]["mape_pct"] <= 8.0
+
+
+def test_source_weights_give_every_source_the_same_total_weight():
+    from hetersim.calibration import source_weights
+
+    labels = np.array(["a", "a", "a", "b", "c", "c"])
+    mask = np.array([1, 1, 0, 1, 1, 1], bool)  # one row of "a" left out (infeasible / held out)
+    w = source_weights(labels, mask)
+    assert w[2] == 0.0
+    for label in "abc":
+        assert w[labels == label].sum() == pytest.approx(1.0)
+    assert w[0] == w[1] == pytest.approx(0.5)
+    # A source with every row masked out gets no weight (and no division by zero).
+    assert source_weights(labels, labels != "b")[3] == 0.0
 
 
 def test_whole_local_batch_is_split_when_it_does_not_fit(tmp_path, catalog, cal):
