@@ -12,6 +12,7 @@ kept inside physical bounds by a sigmoid, so the fit cannot wander into nonsense
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import tomllib
 from collections.abc import Callable, Mapping
@@ -164,6 +165,40 @@ def as_spec(values: Mapping[str, float]) -> Calibration:
     return calibration_spec(values)
 
 
+@dataclasses.dataclass
+class _Problem:
+    """The runs a fit works on: rows, their prepared specs, which are feasible under the starting
+    constants, their source labels, and the prediction the fit differentiates."""
+
+    catalog: Any
+    path: Path
+    rows: list
+    prep: Any
+    cal0: Calibration
+    feasible: np.ndarray
+    labels: np.ndarray
+
+    def predict(self, cal: Calibration):
+        from . import validation
+
+        out = validation.predict(self.prep, cal)
+        return out.step_time_s, out.infeasible
+
+
+def _problem(runs_path, catalog, start: Mapping[str, float]) -> _Problem:
+    from . import validation
+    from .catalog import load_catalog
+
+    catalog = catalog or load_catalog()
+    path = Path(runs_path) if runs_path else validation.default_runs_path()
+    rows = validation.read_runs(path)
+    cal0 = as_spec(start)
+    prep = validation.prepare(rows, catalog, cal0, str(path))
+    feasible = np.asarray(validation.predict(prep, cal0).infeasible) == 0
+    labels = np.array([validation.source_label(r.source) for r in rows])
+    return _Problem(catalog, path, rows, prep, cal0, feasible, labels)
+
+
 def calibrate(
     runs_path: str | Path | None = None,
     catalog=None,
@@ -177,29 +212,18 @@ def calibrate(
     loss history and the validation summaries before and after.
     """
     from . import validation
-    from .catalog import load_catalog
 
-    catalog = catalog or load_catalog()
-    path = Path(runs_path) if runs_path else validation.default_runs_path()
-    rows = validation.read_runs(path)
     start = dict(start or load_calibration())
-    cal0 = as_spec(start)
-    prep = validation.prepare(rows, catalog, cal0, str(path))
-    feasible = np.asarray(validation.predict(prep, cal0).infeasible) == 0
-    labels = np.array([validation.source_label(r.source) for r in rows])
-
-    def predict(cal):
-        out = validation.predict(prep, cal)
-        return out.step_time_s, out.infeasible
-
-    values, history = fit(predict, prep.measured, source_weights(labels, feasible), start, steps=steps)
-    before = validation.validate(rows, catalog, cal0, str(path))
-    after = validation.validate(rows, catalog, as_spec(values), str(path))
+    pb = _problem(runs_path, catalog, start)
+    weights = source_weights(pb.labels, pb.feasible)
+    values, history = fit(pb.predict, pb.prep.measured, weights, start, steps=steps)
+    before = validation.validate(pb.rows, pb.catalog, pb.cal0, str(pb.path))
+    after = validation.validate(pb.rows, pb.catalog, as_spec(values), str(pb.path))
     meta = {
         "date": today(),
-        "data": path.name,
-        "n_runs": len(rows),
-        "n_fitted": int(feasible.sum()),
+        "data": pb.path.name,
+        "n_runs": len(pb.rows),
+        "n_fitted": int(pb.feasible.sum()),
         "steps": steps,
         "loss": "mean over sources of the mean |log(predicted / measured step time)| of its runs",
         "final_loss": round(history[-1], 5),
@@ -214,31 +238,18 @@ def cross_validate(runs_path: str | Path | None = None, catalog=None, steps: int
     The honest estimate of how the model does on published runs it was not fitted to. Returns
     per held-out source its MAPE, and the MAPE over all rows predicted while held out.
     """
-    from . import validation
-    from .catalog import load_catalog
-
-    catalog = catalog or load_catalog()
-    path = Path(runs_path) if runs_path else validation.default_runs_path()
-    rows = validation.read_runs(path)
     start = load_calibration()
-    cal0 = as_spec(start)
-    prep = validation.prepare(rows, catalog, cal0, str(path))
-    feasible = np.asarray(validation.predict(prep, cal0).infeasible) == 0
-    labels = np.array([validation.source_label(r.source) for r in rows])
-
-    def predict(cal):
-        out = validation.predict(prep, cal)
-        return out.step_time_s, out.infeasible
-
-    held_err = np.full(len(rows), np.nan)
+    pb = _problem(runs_path, catalog, start)
+    measured, labels = pb.prep.measured, pb.labels
+    held_err = np.full(len(pb.rows), np.nan)
     per_source = {}
     for label in dict.fromkeys(labels):
-        train = feasible & (labels != label)
-        values, _ = fit(predict, prep.measured, source_weights(labels, train), start, steps=steps)
-        out = validation.predict(prep, as_spec(values))
-        pred = np.asarray(out.step_time_s, np.float64)
-        ok = np.asarray(out.infeasible) == 0
-        err = np.where(ok, np.abs(pred - prep.measured) / prep.measured * 100.0, 100.0)
+        train = pb.feasible & (labels != label)
+        values, _ = fit(pb.predict, measured, source_weights(labels, train), start, steps=steps)
+        pred, flags = pb.predict(as_spec(values))
+        pred = np.asarray(pred, np.float64)
+        ok = np.asarray(flags) == 0
+        err = np.where(ok, np.abs(pred - measured) / measured * 100.0, 100.0)
         mask = labels == label
         held_err[mask] = err[mask]
         per_source[str(label)] = {"n": int(mask.sum()), "mape_pct": float(err[mask].mean())}
