@@ -234,7 +234,8 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
 
 def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple[str, int], ...]], str]:
     """``hardware.cluster``: a mix ``"kind:count,kind:count"`` or a list of them (an axis)."""
-    from hetersim.cluster import MAX_GROUPS, MODES
+    from hetersim.types import HETERO_MODES as MODES
+    from hetersim.types import MAX_GROUPS
 
     hetero = hw.get("hetero", "pipeline")
     if hetero not in MODES:

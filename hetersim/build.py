@@ -13,17 +13,9 @@ import numpy as np
 
 from . import tiers
 from .pytree import as_arrays
-from .specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan, SystemSpec
-from .types import (
-    ATTENTION,
-    N_LEVELS,
-    OFFLOAD_STATE,
-    ORDER,
-    PRECISION,
-    RECOMPUTE,
-    TIER,
-    code,
-)
+from .specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, SystemSpec
+from .specs import plan as _plan
+from .types import N_LEVELS, PRECISION
 
 # A scale-out fabric spans every GPU of the job: its domain is "everything".
 WHOLE_CLUSTER = 1.0e9
@@ -127,89 +119,8 @@ def system_spec(
     )
 
 
-def _positive(name: str, value: Any, integer: bool = True) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number; got {value!r}") from None
-    if not np.isfinite(v) or v <= 0 or (integer and v != int(v)):
-        kind = "a positive integer" if integer else "a positive number"
-        raise ValueError(f"{name} must be {kind}; got {value!r}")
-    return v
-
-
-def plan_spec(
-    *,
-    n_gpus: int,
-    tp: int = 1,
-    pp: int = 1,
-    vp: int = 1,
-    cp: int = 1,
-    dp: int | None = None,
-    sp: bool = False,
-    zero: int = 0,
-    micro_batch: int = 1,
-    global_batch: int,
-    seq_len: int,
-    train_tokens: float = 2.0e12,
-    recompute: str = "none",
-    precision: str = "bf16",
-    attention: str = "flash",
-    order: str = "tp-cp-dp-pp",
-    offload: Mapping[str, str] | None = None,
-    cpu_optimizer: bool | None = None,
-    bucket_Mparams: float = 0.0,
-    reuse_Mparams: float = 0.0,
-) -> Plan:
-    """A :class:`Plan` from plain options; ``dp`` defaults to ``n_gpus / (tp*pp*cp)``.
-
-    ``offload`` maps a state (``optimizer``, ``grads``, ``params``, ``activations``) to a tier
-    (``host-dram``, ``cxl-expander``, ``cxl-pool``). ``cpu_optimizer`` defaults to True when the
-    optimizer states are offloaded (DeepSpeed ZeRO-Offload's CPU-Adam).
-    """
-    n = _positive("n_gpus", n_gpus)
-    tp, pp, vp, cp = (_positive(k, v) for k, v in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp)))
-    if dp is None:
-        dp = n / (tp * pp * cp)
-        if dp != int(dp) or dp < 1:
-            raise ValueError(f"--gpus {int(n)} is not divisible by tp*pp*cp = {int(tp * pp * cp)}")
-    dp = _positive("dp", dp)
-    if bucket_Mparams < 0:
-        raise ValueError(f"bucket_Mparams must be >= 0 (0 = default); got {bucket_Mparams!r}")
-    if reuse_Mparams < 0:
-        raise ValueError(f"reuse_Mparams must be >= 0 (0 = FSDP, keeps gathered weights); got {reuse_Mparams!r}")
-    if zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero must be one of 0, 1, 2, 3; got {zero!r}")
-    tiers = np.zeros(len(OFFLOAD_STATE))
-    for state, tier in (offload or {}).items():
-        s = code(OFFLOAD_STATE, state, "offload state")
-        tiers[s] = code(TIER, tier, f"offload tier for {state}")
-    if cpu_optimizer is None:
-        cpu_optimizer = tiers[0] > 0
-    return as_arrays(
-        Plan(
-            n_gpus=n,
-            tp=tp,
-            pp=pp,
-            vp=vp,
-            dp=dp,
-            cp=cp,
-            sp=float(bool(sp)),
-            zero=float(zero),
-            micro_batch=_positive("micro_batch", micro_batch),
-            global_batch=_positive("global_batch", global_batch),
-            seq_len=_positive("seq_len", seq_len),
-            train_tokens=_positive("train_tokens", train_tokens, integer=False),
-            recompute_code=code(RECOMPUTE, recompute, "recompute"),
-            precision_code=code(PRECISION, precision, "precision"),
-            attention_code=code(ATTENTION, attention, "attention"),
-            order_code=code(ORDER, order, "order"),
-            offload_tier_code=tiers.astype(np.int32),
-            cpu_optimizer=float(bool(cpu_optimizer)),
-            bucket_Mparams=float(bucket_Mparams),
-            reuse_Mparams=float(reuse_Mparams),
-        )
-    )
+# Plans are built by the registry of plan fields (hetersim.specs.plan).
+plan_spec = _plan.plan_spec
 
 
 def calibration_spec(values: Mapping[str, float]) -> Calibration:

@@ -25,16 +25,15 @@ import jax
 import jax.numpy as jnp
 
 from .layer import layer_costs, p2p_chunk_s
+from .outputs import STEP_TERMS
 from .pytree import spec
-from .simulate import STEP_TERMS, Breakdown, simulate
+from .simulate import Breakdown, layer_time, micro_batches, simulate, stage_times, throughput
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
+from .terms import memory
 from .terms._safe import safe_div
-from .terms.flops import model_flops_per_token
-from .types import Infeasible
-from .units import HOUR, KWH
+from .types import HETERO_MODES as MODES
+from .types import MAX_GROUPS, Infeasible
 
-MAX_GROUPS = 4
-MODES = ("pipeline", "data")
 BIG = 1.0e30
 
 
@@ -59,11 +58,6 @@ class ClusterBreakdown:
 
 def _per_group(fn, systems, *args):
     return jax.vmap(fn, in_axes=(None, 0, None, None))(args[0], systems, args[1], args[2])
-
-
-def layer_time(lc) -> Any:
-    """Seconds one layer adds to its stage per micro-batch (compute, recompute, exposed TP/CP)."""
-    return lc.layer_f + lc.layer_b + lc.recomp + lc.tp_f + lc.tp_b + lc.cp_f + lc.cp_b
 
 
 def integer_split(total, units, cost):
@@ -144,7 +138,7 @@ def _pipeline(model, cluster, plan, cal, stages, lc, cost, p2p):
     t_max = jnp.max(t_stage)
     g_max = jnp.argmax(t_stage)
     total_stage = jnp.sum(stages * (base * cost + p2p) + extra * cost) + lc.head[jnp.maximum(last, 0)]
-    n_micro = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0)
+    n_micro = micro_batches(plan)
     bubble = jnp.where(plan.pp > 1, (total_stage - t_max) / plan.vp, 0.0)
 
     # Per group: DP traffic, optimizer, offload and memory of a stage with that group's layers.
@@ -159,21 +153,19 @@ def _pipeline(model, cluster, plan, cal, stages, lc, cost, p2p):
     dp = jnp.max(jnp.where(present, sims.dp_comm_s, 0.0))
     opt = jnp.max(jnp.where(present, sims.optimizer_s, 0.0))
     off = jnp.max(jnp.where(present, sims.offload_s, 0.0))
-    lm = _take(lc, g_max)
-    n_l = stage_layers[g_max]
+    t = stage_times(_take(lc, g_max), stage_layers[g_max], p2p[g_max], head[g_max])
     terms = dict(
-        compute_s=n_micro * (n_l * (lm.layer_f + lm.layer_b) + head[g_max]),
-        recompute_s=n_micro * n_l * lm.recomp,
-        tp_comm_s=n_micro * n_l * (lm.tp_f + lm.tp_b),
-        cp_comm_s=n_micro * n_l * (lm.cp_f + lm.cp_b),
-        pp_comm_s=n_micro * p2p[g_max],
+        compute_s=n_micro * t["compute_s"],
+        recompute_s=n_micro * t["recompute_s"],
+        tp_comm_s=n_micro * t["tp_s"],
+        cp_comm_s=n_micro * t["cp_s"],
+        pp_comm_s=n_micro * t["pp_s"],
         dp_comm_s=dp,
         bubble_s=bubble,
         optimizer_s=opt,
         offload_s=off,
     )
-    step = sum(terms.values())
-    total = _totals(model, cluster, plan, sims, g_mem, step, terms, flags)
+    total = _totals(model, cluster, plan, sims, g_mem, terms, flags)
     return ClusterBreakdown(
         total=total,
         group_stages=stages,
@@ -187,7 +179,7 @@ def _pipeline(model, cluster, plan, cal, stages, lc, cost, p2p):
 
 def _data(model, cluster, plan, cal, replicas, lc, cost):
     present = replicas > 0
-    stage_l = jnp.ceil(model.layers / (plan.pp * plan.vp) - 1e-6) * plan.vp
+    stage_l = memory.busiest_stage_layers(model, plan)
     t_mb = stage_l * cost + lc.head  # per micro-batch time of a replica's busiest stage
     total_mb = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch, 1.0), 1.0)
     base, extra = integer_split(total_mb, replicas, t_mb)
@@ -209,8 +201,7 @@ def _data(model, cluster, plan, cal, replicas, lc, cost):
     # Replicas finish their micro-batches, then synchronise gradients together: the step is the
     # slowest group's (each group's exposed DP traffic depends on its own backward window).
     terms = {k: getattr(slow, k) for k in STEP_TERMS}
-    step = sum(terms.values())
-    total = _totals(model, cluster, plan, sims, g_mem, step, terms, flags)
+    total = _totals(model, cluster, plan, sims, g_mem, terms, flags)
     return ClusterBreakdown(
         total=total,
         group_stages=replicas,
@@ -222,30 +213,30 @@ def _data(model, cluster, plan, cal, replicas, lc, cost):
     )
 
 
-def _totals(model, cluster, plan, sims, g_mem, step, terms, flags) -> Breakdown:
-    """Job-level metrics from the step time; memory fields of the group nearest its capacity."""
+def _totals(model, cluster, plan, sims, g_mem, terms, flags) -> Breakdown:
+    """Job-level metrics from the step terms (:func:`hetersim.simulate.throughput` over every
+    group's GPUs); memory fields of the group nearest its capacity."""
     dev = cluster.systems.device
     gpus = cluster.gpus
-    tokens = plan.global_batch * plan.seq_len
-    tok_s = safe_div(tokens, step)
-    peak = jnp.sum(gpus * dev.peak_tflops[:, plan.precision_code]) * 1e12
-    mflops = model_flops_per_token(model, plan.seq_len) * tokens
-    hfu_ratio = safe_div(sims.hfu, sims.mfu, 1.0)[g_mem]
-    ttt = safe_div(plan.train_tokens, tok_s)
+    step = sum(terms.values())
+    rates = throughput(
+        model,
+        plan,
+        step,
+        n_gpus=jnp.sum(gpus),
+        peak_tflops=jnp.sum(gpus * dev.peak_tflops[:, plan.precision_code]),
+        usd_per_hour=jnp.sum(gpus * dev.price_usd_per_hour),
+        power_W=jnp.sum(gpus * dev.tdp_W),
+    )
     mem = _take(sims, g_mem)
+    hfu_ratio = safe_div(sims.hfu, sims.mfu, 1.0)[g_mem]
+    rates = dataclasses.replace(rates, hfu=rates.mfu * hfu_ratio)
     return dataclasses.replace(
         mem,
         step_time_s=step,
         **terms,
-        tokens_per_s=tok_s,
-        tokens_per_s_per_gpu=safe_div(tok_s, jnp.sum(gpus)),
-        mfu=safe_div(mflops, step * peak),
-        hfu=safe_div(mflops, step * peak) * hfu_ratio,
-        model_tflops_per_gpu=safe_div(mflops, step * jnp.sum(gpus)) / 1e12,
-        n_microbatches=jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0),
-        time_to_train_s=ttt,
-        cost_usd=ttt / HOUR * jnp.sum(gpus * dev.price_usd_per_hour),
-        energy_kWh=ttt * jnp.sum(gpus * dev.tdp_W) / KWH,
+        **{k: getattr(rates, k) for k in rates.__dataclass_fields__},
+        n_microbatches=micro_batches(plan),
         infeasible=flags.astype(jnp.int32),
     )
 

@@ -14,6 +14,7 @@ from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute
 from .terms._safe import pos
+from .types import Attention, Recompute
 
 
 @spec
@@ -67,8 +68,10 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     # (selective); with flash attention selective recomputation also rebuilds the activation
     # function's output, which it does not store (memory.layer_activation_bytes).
     rc = plan.recompute_code
-    selective = attn_f + jnp.where(plan.attention_code != 1, act_fn_s, 0.0)
-    recomp = jnp.where(rc == 2, layer_f + tp_f + cp_f, jnp.where(rc == 1, selective, 0.0))
+    selective = attn_f + jnp.where(plan.attention_code != Attention.MATERIALIZED, act_fn_s, 0.0)
+    recomp = jnp.where(
+        rc == Recompute.FULL, layer_f + tp_f + cp_f, jnp.where(rc == Recompute.SELECTIVE, selective, 0.0)
+    )
     head = compute.head_s(dev, cal, model, plan)
     return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head)
 

@@ -1,14 +1,22 @@
-"""``simulate``: one configuration in, one breakdown out.
+"""``simulate``: one configuration in, one breakdown out, as a short pipeline of named stages.
 
-Composes the cost terms of :mod:`hetersim.terms` into a :class:`Breakdown`. Pure and
-unbatched: batch it with ``jax.vmap`` and compile it once with ``jax.jit`` at the boundary.
-Nothing raises inside: a configuration that does not divide or does not fit gets bits in
-``infeasible`` (:class:`hetersim.types.Infeasible`) and keeps finite metrics.
+Each stage is a small pure function of one configuration returning a small pytree:
+
+1. :func:`pipeline_step`: per-micro-batch stage times of the busiest stage and the bubble;
+2. :func:`dp_comm_s`: exposed data-parallel / ZeRO / FSDP communication;
+3. :func:`optimizer_offload`: the optimizer step and the traffic to slower memory tiers;
+4. :func:`placement`: bytes per GPU by category and where they live (HBM or a tier);
+5. :func:`flags`: why the configuration cannot run (:class:`hetersim.types.Infeasible` bits);
+6. :func:`throughput`: tokens/s, MFU/HFU, time, cost and energy to train from the step time.
+
+:mod:`hetersim.cluster` composes the same stages for mixed clusters. Pure and unbatched: batch
+with ``jax.vmap`` and compile once with ``jax.jit`` at the boundary. Nothing raises inside.
 
 Step-time composition (1F1B, Narayanan et al. SC'21 §2.2): with ``m`` micro-batches per step and
 per-micro-batch stage times ``t_max`` (the busiest stage, which holds the LM head) and ``t_avg``,
 ``step = m*t_max + (pp-1)/vp*t_avg + exposed DP + optimizer + exposed offload``. Every term of the
-breakdown is a part of that sum, so the terms add up to the step time exactly.
+breakdown (:data:`hetersim.outputs.STEP_TERMS`) is a part of that sum, so the terms add up to the
+step time exactly.
 """
 
 from __future__ import annotations
@@ -17,67 +25,23 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .layer import layer_costs, p2p_chunk_s
+from .layer import LayerCosts, layer_costs, p2p_chunk_s
+from .outputs import OUTPUTS, STEP_TERMS
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
 from .terms._safe import pos, safe_div
 from .terms.flops import layer_params, model_flops_per_token, total_params
-from .types import Infeasible
-from .units import HOUR, KWH, GiB
+from .types import Infeasible, Recompute
+from .units import HOUR, KWH, TFLOP, GiB
 
-STEP_TERMS = (
-    "compute_s",
-    "recompute_s",
-    "tp_comm_s",
-    "cp_comm_s",
-    "pp_comm_s",
-    "dp_comm_s",
-    "bubble_s",
-    "optimizer_s",
-    "offload_s",
-)
+__all__ = ["STEP_TERMS", "Breakdown", "simulate"]
 
 
-@spec
-class Breakdown:
-    step_time_s: Any
-    compute_s: Any  # forward + backward of the busiest stage (GEMMs, attention, element-wise)
-    recompute_s: Any  # activation recomputation
-    tp_comm_s: Any  # exposed tensor-parallel communication
-    cp_comm_s: Any  # exposed context-parallel (ring attention) communication
-    pp_comm_s: Any  # exposed pipeline point-to-point communication
-    dp_comm_s: Any  # exposed data-parallel / ZeRO / FSDP communication
-    bubble_s: Any  # pipeline fill and drain
-    optimizer_s: Any  # optimizer step (on GPU, or CPU-side update when offloaded)
-    offload_s: Any  # exposed traffic to and from slower memory tiers
-    tokens_per_s: Any
-    tokens_per_s_per_gpu: Any
-    mfu: Any  # model FLOPs (causal, no recompute) / (step time * n * dense peak of precision)
-    hfu: Any  # hardware FLOPs (with recompute) / same
-    model_tflops_per_gpu: Any
-    weights_GiB: Any
-    grads_GiB: Any
-    optimizer_GiB: Any
-    activations_GiB: Any
-    buffers_GiB: Any
-    hbm_used_GiB: Any
-    hbm_capacity_GiB: Any
-    tier_used_GiB: Any  # [N_TIERS] per node, index 0 = HBM of one GPU
-    tier_capacity_GiB: Any  # [N_TIERS] per node
-    n_microbatches: Any
-    params: Any
-    time_to_train_s: Any
-    cost_usd: Any
-    energy_kWh: Any
-    infeasible: Any  # Infeasible bit flags
-    offload_traffic_s: Any  # transfer time to and from slower tiers, hidden or not (offload_s is exposed)
-    tier_bw_GBps: Any  # [N_TIERS] read bandwidth one GPU gets to each tier (index 0 unused)
-    tier_bw_needed_GBps: Any  # [N_TIERS] per-GPU bandwidth that would hide each tier's traffic
-    offload_bw_needed_GBps: Any  # the largest of tier_bw_needed_GBps
+class _TierViews:
+    """Per-node memory of the slower tiers, one name per tier (index i of the TIER arrays); a
+    sweep stores them as metrics (``dse.metrics.METRICS``)."""
 
-    # Per-node memory of the slower tiers, one name per tier (index i of the TIER arrays); a
-    # sweep stores them as metrics (dse.metrics.METRICS).
     @property
     def host_dram_used_GiB(self):
         return self.tier_used_GiB[..., 1]
@@ -103,6 +67,21 @@ class Breakdown:
         return self.tier_capacity_GiB[..., 3]
 
 
+def _breakdown_class() -> type:
+    names = ["step_time_s", *STEP_TERMS, *(k for k in OUTPUTS if k != "step_time_s")]
+    doc = "One configuration's results (fields: :data:`hetersim.outputs.STEP_TERMS` and ``OUTPUTS``)."
+    namespace = {"__annotations__": dict.fromkeys(names, Any), "__doc__": doc, "__module__": __name__}
+    return spec(type("Breakdown", (_TierViews,), namespace))
+
+
+Breakdown = _breakdown_class()
+
+
+# --------------------------------------------------------------------------------------------
+# Rules shared by the stages
+# --------------------------------------------------------------------------------------------
+
+
 def _flag(cond, bit):
     return jnp.where(cond, jnp.int32(int(bit)), jnp.int32(0))
 
@@ -113,7 +92,18 @@ def _not_multiple(a, b):
     return (b <= 0) | (jnp.abs(q - jnp.round(q)) > 1e-4) | (q < 1.0 - 1e-4)
 
 
-def feasibility(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> Any:
+def micro_batches(plan: Plan):
+    """Micro-batches per step and data-parallel replica (at least one)."""
+    return jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0)
+
+
+def layer_time(lc: LayerCosts) -> Any:
+    """Seconds one layer adds to its stage per micro-batch (compute, recompute, exposed TP/CP)."""
+    return lc.layer_f + lc.layer_b + lc.recomp + lc.tp_f + lc.tp_b + lc.cp_f + lc.cp_b
+
+
+def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> Any:
+    """Bits of the layout rules (counts that must divide, a schedule that must exist)."""
     dev = system.device
     f = _flag(jnp.abs(plan.tp * plan.pp * plan.dp * plan.cp - plan.n_gpus) > 0.5, Infeasible.GPU_COUNT)
     f |= _flag(_not_multiple(plan.global_batch, plan.micro_batch * plan.dp), Infeasible.BATCH_DIVIDE)
@@ -129,6 +119,10 @@ def feasibility(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> An
     f |= _flag(bad_schedule | (plan.vp < 1), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     return f
+
+
+# Kept under its old name for callers of the layout rules alone.
+feasibility = layout_flags
 
 
 def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
@@ -157,155 +151,295 @@ def zero3_regather(model: ModelSpec, plan: Plan):
     p_layer = layer_params(model) / plan.tp
     half = 0.5 * plan.reuse_Mparams * 1e6
     frac = jnp.clip(safe_div(p_layer - half, p_layer), 0.0, 1.0)
-    return jnp.where((plan.reuse_Mparams > 0) & (plan.recompute_code == 2), frac, 0.0)
+    return jnp.where((plan.reuse_Mparams > 0) & (plan.recompute_code == Recompute.FULL), frac, 0.0)
 
 
-def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> Breakdown:
-    dev, net, host = system.device, system.network, system.host
-    n_micro = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0)
-    _, s_cp, s_dp, _ = comm.strides(plan)
+# --------------------------------------------------------------------------------------------
+# Stage 1: the pipeline step
+# --------------------------------------------------------------------------------------------
+
+
+@spec
+class PipelineStep:
+    """Per micro-batch times of the busiest stage (``layers`` of them, plus the LM head)."""
+
+    n_micro: Any
+    layers: Any
+    compute_s: Any
+    recompute_s: Any
+    tp_s: Any
+    cp_s: Any
+    pp_s: Any
+    bubble_s: Any  # per step
+    fwd_s: Any  # one micro-batch's forward on the stage (the window for weight gathers)
+    bwd_s: Any  # and its backward with recomputation (the window for gradient reductions)
+
+    @property
+    def t_max(self):
+        return self.compute_s + self.recompute_s + self.tp_s + self.cp_s + self.pp_s
+
+
+def stage_times(lc: LayerCosts, layers, p2p, head) -> dict[str, Any]:
+    """A stage of ``layers`` layers: its per-micro-batch terms and its forward/backward windows."""
+    return dict(
+        compute_s=layers * (lc.layer_f + lc.layer_b) + head,
+        recompute_s=layers * lc.recomp,
+        tp_s=layers * (lc.tp_f + lc.tp_b),  # recomputed forwards' traffic is in ``recomp``
+        cp_s=layers * (lc.cp_f + lc.cp_b),
+        pp_s=p2p,
+        fwd_s=layers * (lc.layer_f + lc.tp_f + lc.cp_f),
+        bwd_s=layers * (lc.layer_b + lc.recomp + lc.tp_b + lc.cp_b),
+    )
+
+
+def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> PipelineStep:
     lc = layer_costs(model, system, plan, cal)
-    layer_f, layer_b, recomp = lc.layer_f, lc.layer_b, lc.recomp
-    tp_f, tp_b, cp_f, cp_b, head = lc.tp_f, lc.tp_b, lc.cp_f, lc.cp_b, lc.head
-    rc = plan.recompute_code
-
-    layers_stage = memory.busiest_stage_layers(model, plan)
-    per_layer_compute = layer_f + layer_b
-    stage_compute = layers_stage * per_layer_compute + head
-    stage_recompute = layers_stage * recomp
-    stage_tp = layers_stage * (tp_f + tp_b)  # recomputed forwards' traffic is in ``recomp``
-    stage_cp = layers_stage * (cp_f + cp_b)
-
-    stage_pp = p2p_chunk_s(model, system, plan, cal)
-
-    t_max = stage_compute + stage_recompute + stage_tp + stage_cp + stage_pp
+    layers = memory.busiest_stage_layers(model, plan)
+    t = stage_times(lc, layers, p2p_chunk_s(model, system, plan, cal), lc.head)
+    t_max = t["compute_s"] + t["recompute_s"] + t["tp_s"] + t["cp_s"] + t["pp_s"]
     # Fill and drain: every stage but the busiest runs once outside the steady state, divided
     # by the interleaving depth: (sum of stage times - the busiest) / vp. The busiest stage holds
     # ceil(L/(pp*vp))*vp layers and the LM head; the others share the remaining layers.
-    per_layer = safe_div(t_max - head - stage_pp, layers_stage)
-    others = (model.layers - layers_stage) * per_layer + (plan.pp - 1.0) * stage_pp
+    per_layer = safe_div(t_max - lc.head - t["pp_s"], layers)
+    others = (model.layers - layers) * per_layer + (plan.pp - 1.0) * t["pp_s"]
     bubble = jnp.where(plan.pp > 1, others / plan.vp, 0.0)
+    return PipelineStep(n_micro=micro_batches(plan), layers=layers, bubble_s=bubble, **t)
 
-    # --- data parallel / ZeRO -----------------------------------------------------------------
+
+# --------------------------------------------------------------------------------------------
+# Stage 2: data-parallel communication
+# --------------------------------------------------------------------------------------------
+
+
+def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, pipe: PipelineStep):
+    """Exposed DP / ZeRO / FSDP communication per step.
+
+    Collectives go out per bucket. Their bandwidth time can hide behind the compute of the pass
+    they serve (the backward for gradients, the forward for gathered weights); their latency is
+    a synchronisation that cannot.
+    """
+    net = system.network
+    _, s_cp, s_dp, _ = comm.strides(plan)
     p_local = memory.local_params(model, plan)
     n_dp = memory.zero_group(plan)
     s_dpg = jnp.minimum(s_dp, jnp.where(plan.cp > 1, s_cp, s_dp))
     grad_bytes = p_local * memory.grad_bytes(plan)
     w_bytes = p_local * memory.WEIGHT_BYTES
-    t_fwd_mb = layers_stage * (layer_f + tp_f + cp_f)
-    t_bwd_mb = layers_stage * (layer_b + recomp + tp_b + cp_b)
-    # Collectives go out per bucket. Their bandwidth time can hide behind the compute of the
-    # pass they serve (the backward for gradients, the forward for gathered weights); their
-    # latency is a synchronisation that cannot.
     n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp)), 1.0)
     n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp, grads=True)), 1.0)
     ar_bw, ar_lat = comm.all_reduce_parts(net, n_dp, s_dpg, grad_bytes, n_rs)
     rs_bw, rs_lat = comm.all_gather_parts(net, n_dp, s_dpg, grad_bytes, n_rs)
     ag_bw, ag_lat = comm.all_gather_parts(net, n_dp, s_dpg, w_bytes, n_ag)
-    win_b = cal.dp_overlap * t_bwd_mb
-    win_f = cal.dp_overlap * t_fwd_mb
+    win_b = cal.dp_overlap * pipe.bwd_s
+    win_f = cal.dp_overlap * pipe.fwd_s
     dp_z0 = pos(ar_bw - win_b) + ar_lat
     dp_z12 = pos(rs_bw - win_b) + rs_lat + pos(ag_bw - win_f) + ag_lat
     # Under full recomputation the recomputed forward gathers the weights again; a stack that
-    # releases them after that use (DeepSpeed) gathers once more for the backward (see zero3_regather).
+    # releases them after that use (DeepSpeed) gathers once more for the backward (zero3_regather).
     g = zero3_regather(model, plan)
-    dp_z3 = n_micro * (pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat)
-    dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [dp_z3, dp_z12], dp_z0)
-    dp = jnp.where(n_dp > 1, dp, 0.0)
+    z3_mb = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat
+    dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_mb, dp_z12], dp_z0)
+    return jnp.where(n_dp > 1, dp, 0.0)
 
-    # --- optimizer and offload (hetersim.terms.offload) ------------------------------------------
-    weights, grads, opt = memory.state_bytes(model, plan)
-    opt_params = p_local / jnp.where(plan.zero >= 1, n_dp, 1.0)
-    on = plan.offload_tier_code > 0
-    acts_off, acts_off_mb = offload.activation_offload_bytes(model, plan, n_micro)
-    oc = offload.offload_cost(
-        host,
+
+# --------------------------------------------------------------------------------------------
+# Stages 3 and 4: optimizer and offload; where the bytes live
+# --------------------------------------------------------------------------------------------
+
+
+def optimizer_offload(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, pipe: PipelineStep, states):
+    """The optimizer step and the offload traffic (:func:`hetersim.terms.offload.offload_cost`);
+    ``states``: the (weights, grads, optimizer) bytes per GPU of :func:`memory.state_bytes`."""
+    weights, grads, opt = states
+    p_local = memory.local_params(model, plan)
+    opt_params = p_local / jnp.where(plan.zero >= 1, memory.zero_group(plan), 1.0)
+    _, acts_mb = offload.activation_offload_bytes(model, plan, pipe.n_micro)
+    return offload.offload_cost(
+        system.host,
         plan,
-        n_micro=n_micro,
-        layers=layers_stage,
+        n_micro=pipe.n_micro,
+        layers=pipe.layers,
         weights=weights,
         grads=grads,
         opt=opt,
         opt_params=opt_params,
         grad_elem_bytes=memory.grad_bytes(plan),
-        acts_mb=acts_off_mb,
-        t_fwd=t_fwd_mb,
-        t_bwd=t_bwd_mb,
-        gpu_opt_s=compute.optimizer_gpu_s(dev, cal, opt_params),
+        acts_mb=acts_mb,
+        t_fwd=pipe.fwd_s,
+        t_bwd=pipe.bwd_s,
+        gpu_opt_s=compute.optimizer_gpu_s(system.device, cal, opt_params),
     )
-    optimizer_s = oc.optimizer_s
-    offload_s = oc.exposed_s
 
-    step = n_micro * t_max + bubble + dp + optimizer_s + offload_s
 
-    # --- memory -------------------------------------------------------------------------------
-    acts = memory.activation_bytes(model, plan, n_micro)
+@spec
+class Placement:
+    """Bytes per GPU in HBM by category, and per node on each tier."""
+
+    weights: Any
+    grads: Any
+    opt: Any
+    acts: Any
+    bufs: Any
+    hbm: Any
+    tier_used_GiB: Any  # [N_TIERS] per node, index 0 = HBM of one GPU
+    tier_capacity_GiB: Any  # [N_TIERS]
+
+
+def placement(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro, states) -> Placement:
+    """Model states, activations and buffers, less what is offloaded to a slower tier."""
+    host = system.host
+    on = plan.offload_tier_code > 0
+    weights, grads, opt = states
+    acts_off, _ = offload.activation_offload_bytes(model, plan, n_micro)
+    acts_tier = jnp.where(on[memory.ACT], acts_off, 0.0)
+    acts = memory.activation_bytes(model, plan, n_micro) - acts_tier
     bufs = memory.buffer_bytes(model, plan)
+    bufs = bufs + jnp.where(on[memory.PARAM], offload.param_staging_bytes(model, plan), 0.0)
     weights_hbm = jnp.where(on[memory.PARAM], 0.0, weights)
     grads_hbm = jnp.where(on[memory.GRAD], 0.0, grads)
     opt_hbm = jnp.where(on[memory.OPT], 0.0, opt)
-    acts_tier = jnp.where(on[memory.ACT], acts_off, 0.0)
-    acts = acts - acts_tier
-    bufs = bufs + jnp.where(on[memory.PARAM], offload.param_staging_bytes(model, plan), 0.0)
     hbm = weights_hbm + grads_hbm + opt_hbm + acts + bufs
-    per_node = offload.gpus_sharing(host, plan)
     placed = offload.placed_bytes(plan, weights, grads, opt, acts_tier)
-    tier_used = (placed * per_node / GiB).at[0].set(hbm / GiB)
-    tier_cap = offload.tier_capacity_GiB(host).at[0].set(dev.hbm_capacity_GiB)
+    tier_used = (placed * offload.gpus_sharing(host, plan) / GiB).at[0].set(hbm / GiB)
+    tier_cap = offload.tier_capacity_GiB(host).at[0].set(system.device.hbm_capacity_GiB)
+    return Placement(weights_hbm, grads_hbm, opt_hbm, acts, bufs, hbm, tier_used, tier_cap)
 
-    flags = feasibility(model, system, plan, n_micro)
-    flags |= _flag(hbm / GiB > dev.hbm_capacity_GiB, Infeasible.HBM_CAPACITY)
-    over_tier = jnp.any((tier_used[1:] > tier_cap[1:]) & (host.tier_present[1:] > 0))
-    flags |= _flag(over_tier, Infeasible.TIER_CAPACITY)
-    missing = jnp.any(on & (host.tier_present[plan.offload_tier_code] <= 0))
-    flags |= _flag(missing, Infeasible.TIER_MISSING)
 
-    # --- throughput, utilisation, cost ---------------------------------------------------------
+# --------------------------------------------------------------------------------------------
+# Stage 5: feasibility
+# --------------------------------------------------------------------------------------------
+
+
+def flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro, mem: Placement) -> Any:
+    """Layout rules plus capacity: HBM, every present tier, and tiers the node lacks."""
+    host = system.host
+    f = layout_flags(model, system, plan, n_micro)
+    f |= _flag(mem.hbm / GiB > system.device.hbm_capacity_GiB, Infeasible.HBM_CAPACITY)
+    used, cap = mem.tier_used_GiB, mem.tier_capacity_GiB
+    f |= _flag(jnp.any((used[1:] > cap[1:]) & (host.tier_present[1:] > 0)), Infeasible.TIER_CAPACITY)
+    on = plan.offload_tier_code > 0
+    f |= _flag(jnp.any(on & (host.tier_present[plan.offload_tier_code] <= 0)), Infeasible.TIER_MISSING)
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 6: throughput, utilisation, time, cost and energy
+# --------------------------------------------------------------------------------------------
+
+
+@spec
+class Throughput:
+    tokens_per_s: Any
+    tokens_per_s_per_gpu: Any
+    mfu: Any
+    hfu: Any
+    model_tflops_per_gpu: Any
+    time_to_train_s: Any
+    cost_usd: Any
+    energy_kWh: Any
+
+
+def recompute_share(model: ModelSpec, plan: Plan):
+    """Hardware FLOPs added by recomputation / model FLOPs (HFU = MFU * (1 + this))."""
+    per_token = model_flops_per_token(model, plan.seq_len)
+    attn_share = 6.0 * plan.seq_len * model.hidden * model.layers / per_token
+    layer_share = 1.0 - 6.0 * model.vocab * model.hidden / per_token
+    rc = plan.recompute_code
+    return jnp.select([rc == Recompute.FULL, rc == Recompute.SELECTIVE], [layer_share / 3.0, attn_share / 3.0], 0.0)
+
+
+def throughput(model: ModelSpec, plan: Plan, step, *, n_gpus, peak_tflops, usd_per_hour, power_W) -> Throughput:
+    """Job-level rates from the step time; ``peak_tflops``, ``usd_per_hour`` and ``power_W``
+    are the whole job's (summed over its GPUs)."""
     tokens = plan.global_batch * plan.seq_len
     tok_s = safe_div(tokens, step)
-    peak = dev.peak_tflops[plan.precision_code] * 1e12
     mflops = model_flops_per_token(model, plan.seq_len) * tokens
-    attn_share = 6.0 * plan.seq_len * model.hidden * model.layers / model_flops_per_token(model, plan.seq_len)
-    layer_share = 1.0 - 6.0 * model.vocab * model.hidden / model_flops_per_token(model, plan.seq_len)
-    recomp_frac = jnp.where(rc == 2, layer_share / 3.0, jnp.where(rc == 1, attn_share / 3.0, 0.0))
-    denom = step * plan.n_gpus * peak
-    mfu = safe_div(mflops, denom)
-    hfu = safe_div(mflops * (1.0 + recomp_frac), denom)
+    mfu = safe_div(mflops, step * peak_tflops * TFLOP)
     ttt = safe_div(plan.train_tokens, tok_s)
-
-    return Breakdown(
-        step_time_s=step,
-        compute_s=n_micro * stage_compute,
-        recompute_s=n_micro * stage_recompute,
-        tp_comm_s=n_micro * stage_tp,
-        cp_comm_s=n_micro * stage_cp,
-        pp_comm_s=n_micro * stage_pp,
-        dp_comm_s=dp,
-        bubble_s=bubble,
-        optimizer_s=optimizer_s,
-        offload_s=offload_s,
+    return Throughput(
         tokens_per_s=tok_s,
-        tokens_per_s_per_gpu=safe_div(tok_s, plan.n_gpus),
+        tokens_per_s_per_gpu=safe_div(tok_s, n_gpus),
         mfu=mfu,
-        hfu=hfu,
-        model_tflops_per_gpu=safe_div(mflops, step * plan.n_gpus) / 1e12,
-        weights_GiB=weights_hbm / GiB,
-        grads_GiB=grads_hbm / GiB,
-        optimizer_GiB=opt_hbm / GiB,
-        activations_GiB=acts / GiB,
-        buffers_GiB=bufs / GiB,
-        hbm_used_GiB=hbm / GiB,
-        hbm_capacity_GiB=dev.hbm_capacity_GiB,
-        tier_used_GiB=tier_used,
-        tier_capacity_GiB=tier_cap,
-        n_microbatches=n_micro,
-        params=total_params(model),
+        hfu=mfu * (1.0 + recompute_share(model, plan)),
+        model_tflops_per_gpu=safe_div(mflops, step * n_gpus) / TFLOP,
         time_to_train_s=ttt,
-        cost_usd=ttt / HOUR * plan.n_gpus * dev.price_usd_per_hour,
-        energy_kWh=ttt * plan.n_gpus * dev.tdp_W / KWH,
-        infeasible=flags,
+        cost_usd=ttt / HOUR * usd_per_hour,
+        energy_kWh=ttt * power_W / KWH,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The pipeline of stages
+# --------------------------------------------------------------------------------------------
+
+
+def step_terms(pipe: PipelineStep, dp, oc) -> dict[str, Any]:
+    """The step terms (:data:`STEP_TERMS`) of a stage's per-micro-batch times."""
+    m = pipe.n_micro
+    terms = dict(
+        compute_s=m * pipe.compute_s,
+        recompute_s=m * pipe.recompute_s,
+        tp_comm_s=m * pipe.tp_s,
+        cp_comm_s=m * pipe.cp_s,
+        pp_comm_s=m * pipe.pp_s,
+        dp_comm_s=dp,
+        bubble_s=pipe.bubble_s,
+        optimizer_s=oc.optimizer_s,
+        offload_s=oc.exposed_s,
+    )
+    assert tuple(terms) == tuple(STEP_TERMS)
+    return terms
+
+
+def breakdown(terms, rates: Throughput, mem: Placement, oc, *, hbm_capacity_GiB, n_micro, params, infeasible):
+    """Assemble a :class:`Breakdown` (the step time is the sum of ``terms``)."""
+    return Breakdown(
+        step_time_s=sum(terms.values()),
+        **terms,
+        **{k: getattr(rates, k) for k in Throughput.__dataclass_fields__},
+        weights_GiB=mem.weights / GiB,
+        grads_GiB=mem.grads / GiB,
+        optimizer_GiB=mem.opt / GiB,
+        activations_GiB=mem.acts / GiB,
+        buffers_GiB=mem.bufs / GiB,
+        hbm_used_GiB=mem.hbm / GiB,
+        hbm_capacity_GiB=hbm_capacity_GiB,
+        tier_used_GiB=mem.tier_used_GiB,
+        tier_capacity_GiB=mem.tier_capacity_GiB,
+        n_microbatches=n_micro,
+        params=params,
+        infeasible=infeasible,
         offload_traffic_s=oc.traffic_s,
         tier_bw_GBps=oc.bw_GBps,
         tier_bw_needed_GBps=oc.bw_needed_GBps,
         offload_bw_needed_GBps=jnp.max(oc.bw_needed_GBps),
+    )
+
+
+def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> Breakdown:
+    dev = system.device
+    pipe = pipeline_step(model, system, plan, cal)
+    dp = dp_comm_s(model, system, plan, cal, pipe)
+    states = memory.state_bytes(model, plan)
+    oc = optimizer_offload(model, system, plan, cal, pipe, states)
+    mem = placement(model, system, plan, pipe.n_micro, states)
+    terms = step_terms(pipe, dp, oc)
+    rates = throughput(
+        model,
+        plan,
+        sum(terms.values()),
+        n_gpus=plan.n_gpus,
+        peak_tflops=plan.n_gpus * dev.peak_tflops[plan.precision_code],
+        usd_per_hour=plan.n_gpus * dev.price_usd_per_hour,
+        power_W=plan.n_gpus * dev.tdp_W,
+    )
+    return breakdown(
+        terms,
+        rates,
+        mem,
+        oc,
+        hbm_capacity_GiB=dev.hbm_capacity_GiB,
+        n_micro=pipe.n_micro,
+        params=total_params(model),
+        infeasible=flags(model, system, plan, pipe.n_micro, mem),
     )

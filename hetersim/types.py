@@ -1,7 +1,9 @@
 """Discrete options: ``Literal`` names at the edges, small integer codes inside traced code.
 
-The order of each tuple *is* the code: ``RECOMPUTE.index("full") == 2``. Results files store the
-codes with CF ``flag_values``/``flag_meanings`` built from these tuples.
+Each option is an :class:`enum.IntEnum` (jax-md's habit): traced code compares against
+``Recompute.FULL``, never ``2``; its names in code order are the tuples (``RECOMPUTE``) that the
+edges (CLI, study files, results' CF ``flag_values``/``flag_meanings``) use, and the ``Literal``
+types (``RecomputeName``) annotate the functions that take a name.
 """
 
 from __future__ import annotations
@@ -9,31 +11,105 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
-Precision = Literal["bf16", "fp16", "fp8", "fp32"]
-PRECISION: tuple[Precision, ...] = ("bf16", "fp16", "fp8", "fp32")
+class Choice(enum.IntEnum):
+    """A discrete option: its code inside traced code, its name at the edges.
+
+    A member's name is its option written in upper case with ``-`` as ``_``
+    (``Order.TP_CP_DP_PP`` is ``"tp-cp-dp-pp"``); the member's value is the code.
+    """
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(m.label for m in cls)
+
+    @classmethod
+    def parse(cls, value: str, what: str):
+        """The member named ``value``, or a one-line ``ValueError`` naming ``what``."""
+        return cls(code(cls.names(), value, what))
+
+
+RecomputeName = Literal["none", "selective", "full"]
+
+
+class Recompute(Choice):
+    NONE = 0
+    SELECTIVE = 1
+    FULL = 2
+
+
+PrecisionName = Literal["bf16", "fp16", "fp8", "fp32"]
+
+
+class Precision(Choice):
+    BF16 = 0
+    FP16 = 1
+    FP8 = 2
+    FP32 = 3
+
 
 # "flash": the fastest fused attention kernel of the device (FlashAttention-3 / cuDNN on Hopper,
 # FlashAttention-2 on Ampere); "materialized": an s x s score matrix (pre-2023 Megatron-LM);
 # "flash2": FlashAttention-2-class kernels (PyTorch SDPA's default flash backend), which on
 # Hopper and newer reach about half of the fastest kernel.
-Attention = Literal["flash", "materialized", "flash2"]
-ATTENTION: tuple[Attention, ...] = ("flash", "materialized", "flash2")
+AttentionName = Literal["flash", "materialized", "flash2"]
+
+
+class Attention(Choice):
+    FLASH = 0
+    MATERIALIZED = 1
+    FLASH2 = 2
+
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").
-Tier = Literal["hbm", "host-dram", "cxl-expander", "cxl-pool"]
-TIER: tuple[Tier, ...] = ("hbm", "host-dram", "cxl-expander", "cxl-pool")
-N_TIERS = len(TIER)
+TierName = Literal["hbm", "host-dram", "cxl-expander", "cxl-pool"]
 
-OffloadState = Literal["optimizer", "grads", "params", "activations"]
-OFFLOAD_STATE: tuple[OffloadState, ...] = ("optimizer", "grads", "params", "activations")
+
+class Tier(Choice):
+    HBM = 0
+    HOST_DRAM = 1
+    CXL_EXPANDER = 2
+    CXL_POOL = 3
+
+
+OffloadStateName = Literal["optimizer", "grads", "params", "activations"]
+
+
+class OffloadState(Choice):
+    OPTIMIZER = 0
+    GRADS = 1
+    PARAMS = 2
+    ACTIVATIONS = 3
+
 
 # Rank placement: which parallel dimension is innermost (closest ranks). Megatron's default
 # order is tp-cp-dp-pp (tensor innermost, pipeline outermost).
-Order = Literal["tp-cp-dp-pp", "tp-cp-pp-dp", "tp-pp-cp-dp"]
-ORDER: tuple[Order, ...] = ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-pp-cp-dp")
+OrderName = Literal["tp-cp-dp-pp", "tp-cp-pp-dp", "tp-pp-cp-dp"]
+
+
+class Order(Choice):
+    TP_CP_DP_PP = 0
+    TP_CP_PP_DP = 1
+    TP_PP_CP_DP = 2
+
+
+# The option names in code order (``RECOMPUTE.index("full") == Recompute.FULL``).
+RECOMPUTE: tuple[RecomputeName, ...] = Recompute.names()  # type: ignore[assignment]
+PRECISION: tuple[PrecisionName, ...] = Precision.names()  # type: ignore[assignment]
+ATTENTION: tuple[AttentionName, ...] = Attention.names()  # type: ignore[assignment]
+TIER: tuple[TierName, ...] = Tier.names()  # type: ignore[assignment]
+N_TIERS = len(TIER)
+OFFLOAD_STATE: tuple[OffloadStateName, ...] = OffloadState.names()  # type: ignore[assignment]
+ORDER: tuple[OrderName, ...] = Order.names()  # type: ignore[assignment]
+
+# Mixed clusters (hetersim.cluster): at most this many device groups, split across kinds by
+# pipeline stages or by data-parallel replicas.
+MAX_GROUPS = 4
+HETERO_MODES = ("pipeline", "data")
 
 # Network levels, innermost first. A level whose domain is no larger than the one inside it
 # is inactive (it adds no hop): that is how a fixed-size array holds fewer real levels.

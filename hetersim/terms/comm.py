@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import NetworkSpec, Plan
-from ..types import N_LEVELS
+from ..types import N_LEVELS, Order
 from ..units import GB, US
 from ._safe import safe_div, safe_log2
 
@@ -26,13 +26,13 @@ def strides(plan: Plan):
     """Rank stride of each dimension (tp, cp, dp, pp) under the plan's placement order."""
     tp, cp, dp, pp = plan.tp, plan.cp, plan.dp, plan.pp
     one = jnp.ones_like(tp)
-    orders = [  # types.ORDER
-        (one, tp, tp * cp, tp * cp * dp),  # tp-cp-dp-pp
-        (one, tp, tp * cp * pp, tp * cp),  # tp-cp-pp-dp
-        (one, tp * pp, tp * pp * cp, tp),  # tp-pp-cp-dp
-    ]
-    picks = [jnp.stack(o) for o in orders]
-    return jnp.select([plan.order_code == i for i in range(len(orders))], picks, picks[0])
+    orders = {
+        Order.TP_CP_DP_PP: (one, tp, tp * cp, tp * cp * dp),
+        Order.TP_CP_PP_DP: (one, tp, tp * cp * pp, tp * cp),
+        Order.TP_PP_CP_DP: (one, tp * pp, tp * pp * cp, tp),
+    }
+    picks = [jnp.stack(orders[o]) for o in Order]
+    return jnp.select([plan.order_code == o for o in Order], picks, picks[0])
 
 
 def ranks_per_level(net: NetworkSpec, n, stride):

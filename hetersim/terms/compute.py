@@ -16,16 +16,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
+from ..types import Attention, Precision
 from ..units import GB, TFLOP, US
 from ._safe import safe_div
 from .flops import kv_ratio, n_mlp_matrices
 
-BF16, FP16, FP8, FP32 = 0, 1, 2, 3
-
 
 def act_bytes(plan: Plan):
     """Bytes per activation element: 4 in fp32 training, else 2 (FP8 runs keep bf16 activations)."""
-    return jnp.where(plan.precision_code == FP32, 4.0, 2.0)
+    return jnp.where(plan.precision_code == Precision.FP32, 4.0, 2.0)
 
 
 def gemm_rate(dev: DeviceSpec, cal: Calibration, plan: Plan):
@@ -33,7 +32,7 @@ def gemm_rate(dev: DeviceSpec, cal: Calibration, plan: Plan):
     best-case matmul efficiency x the calibrated share of it that training shapes reach (and,
     in FP8, the share left after per-tensor scaling)."""
     idx = plan.precision_code
-    fp8 = jnp.where(idx == FP8, cal.fp8_scaling_eff, 1.0)
+    fp8 = jnp.where(idx == Precision.FP8, cal.fp8_scaling_eff, 1.0)
     return dev.peak_tflops[idx] * dev.gemm_eff[idx] * cal.gemm_shape_eff * fp8 * TFLOP
 
 
@@ -57,7 +56,7 @@ def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, ke
     """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
     per GEMM; a batched GEMM is one launch)."""
     flops = 2.0 * M * N * K
-    in_bytes = jnp.where(plan.precision_code == FP8, 1.0, act_bytes(plan))
+    in_bytes = jnp.where(plan.precision_code == Precision.FP8, 1.0, act_bytes(plan))
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
     kernels = count if kernels is None else kernels
     t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, count / kernels), 1e9)
@@ -106,23 +105,23 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
 
 def _fused_eff(plan: Plan, fastest, fa2):
     """Utilisation of the plan's fused attention kernel: the device's fastest, or FA2-class."""
-    return jnp.where(plan.attention_code == 2, fa2, fastest)
+    return jnp.where(plan.attention_code == Attention.FLASH2, fa2, fastest)
 
 
 def attention_fwd_s(dev, cal, m, plan):
     flops = attention_flops_fwd(m, plan)
-    bf16 = dev.peak_tflops[BF16] * TFLOP
+    bf16 = dev.peak_tflops[Precision.BF16] * TFLOP
     eff = _fused_eff(plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
     flash = safe_div(flops, bf16 * eff, 1e9) + cal.kernel_overhead_us * US
-    return jnp.where(plan.attention_code == 1, _materialized_s(dev, cal, m, plan, 1.0), flash)
+    return jnp.where(plan.attention_code == Attention.MATERIALIZED, _materialized_s(dev, cal, m, plan, 1.0), flash)
 
 
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
-    bf16 = dev.peak_tflops[BF16] * TFLOP
+    bf16 = dev.peak_tflops[Precision.BF16] * TFLOP
     eff = _fused_eff(plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
     flash = safe_div(flops, bf16 * eff, 1e9) + 2.0 * cal.kernel_overhead_us * US
-    return jnp.where(plan.attention_code == 1, _materialized_s(dev, cal, m, plan, 2.0), flash)
+    return jnp.where(plan.attention_code == Attention.MATERIALIZED, _materialized_s(dev, cal, m, plan, 2.0), flash)
 
 
 def _materialized_s(dev, cal, m, plan, passes):
@@ -160,7 +159,7 @@ def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     hidden_ops = (2.0 * 4.0 * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
     rope = m.rope * 2.0 * 2.0 * h * (1.0 + kv_ratio(m)) / t
     act_fn = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) / t
-    fp8 = jnp.where(plan.precision_code == FP8, 3.0 * (3.0 * h + f) / t, 0.0)
+    fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (3.0 * h + f) / t, 0.0)
     return T * (e * (hidden_ops + rope + act_fn) + fp8)
 
 
@@ -177,7 +176,7 @@ ELEMENTWISE_KERNELS_FWD = 6.0  # 2 norms, 2 residual adds, rope, activation func
 def elementwise_kernels_fwd(plan: Plan):
     """Element-wise kernels per layer in the forward; FP8 adds a cast (with transpose and amax)
     before each of the four GEMMs."""
-    return ELEMENTWISE_KERNELS_FWD + jnp.where(plan.precision_code == FP8, 4.0, 0.0)
+    return ELEMENTWISE_KERNELS_FWD + jnp.where(plan.precision_code == Precision.FP8, 4.0, 0.0)
 
 
 def layer_elementwise_fwd_s(dev, cal, m, plan):

@@ -1,7 +1,8 @@
 """The three inputs of the cost model, plus its calibration constants.
 
 ``ModelSpec`` (what is trained), ``SystemSpec`` (the hardware), ``Plan`` (how it is laid out and
-trained) and ``Calibration`` (global efficiency constants fitted by ``hetersim calibrate``).
+trained; its fields are declared once, in :mod:`hetersim.planfields`) and ``Calibration``
+(global efficiency constants fitted by ``hetersim calibrate``).
 Every field is a leaf: a scalar for one configuration, an array with a leading batch axis under
 ``jax.vmap``. Counts are stored as floats (parameter, byte and FLOP counts overflow int32);
 discrete choices are ``*_code`` int32 leaves whose meanings live in :mod:`hetersim.types`.
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pytree import spec
+from ..pytree import spec
+from .plan import Plan, plan_spec
 
 
 @spec
@@ -101,32 +103,6 @@ class SystemSpec:
 
 
 @spec
-class Plan:
-    """Parallel layout and training options of one run."""
-
-    n_gpus: Any
-    tp: Any
-    pp: Any
-    vp: Any  # virtual pipeline chunks per stage (interleaved 1F1B when > 1)
-    dp: Any
-    cp: Any
-    sp: Any  # 1: Megatron sequence parallelism
-    zero: Any  # 0..3
-    micro_batch: Any
-    global_batch: Any
-    seq_len: Any
-    train_tokens: Any  # token budget for time/cost/energy to train
-    recompute_code: Any  # types.RECOMPUTE
-    precision_code: Any  # types.PRECISION
-    attention_code: Any  # types.ATTENTION
-    order_code: Any  # types.ORDER
-    offload_tier_code: Any  # [4] tier per OFFLOAD_STATE (0 = stays in HBM)
-    cpu_optimizer: Any  # 1: the optimizer step runs on the host CPU (DeepSpeed CPU-Adam)
-    bucket_Mparams: Any  # DP/ZeRO collective granularity in 1e6 parameters; 0 = the stack default
-    reuse_Mparams: Any  # ZeRO-3 reuse distance (DeepSpeed stage3_max_reuse_distance) in 1e6; 0 = FSDP
-
-
-@spec
 class Calibration:
     """Global efficiency constants: same for every device, model and layout.
 
@@ -142,3 +118,15 @@ class Calibration:
     pp_overlap: Any  # fraction of pipeline point-to-point traffic hidden
     gemm_shape_eff: Any  # training-shaped GEMMs' rate / the best-case (MAMF) rate
     fp8_scaling_eff: Any  # FP8 GEMMs with per-tensor scaling: further fraction of the FP8 rate
+
+
+__all__ = [
+    "Calibration",
+    "DeviceSpec",
+    "HostSpec",
+    "ModelSpec",
+    "NetworkSpec",
+    "Plan",
+    "SystemSpec",
+    "plan_spec",
+]

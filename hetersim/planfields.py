@@ -1,0 +1,271 @@
+"""The one registry of plan fields: each field of a plan declared once.
+
+A :class:`PlanField` says what a field is (its kind, default, units, long name, short label, the
+range a value may take), where it may appear (a study axis, a layout column the host filters on)
+and how a name becomes a leaf. Everything else is generated from :data:`FIELDS`: the
+:class:`Plan` pytree, :func:`plan_spec` (the host-side builder with one-line errors naming the
+field), the sweep's columns and coordinate attributes, the study axes and defaults, the
+optimizer's encoding, the report's columns, the layout label (:func:`layout_label`), the derived
+data-parallel size (:func:`derived_dp`) and sequence parallelism (:func:`resolve_sp`).
+
+Adding a plan field is adding one :class:`PlanField` here, plus the physics that reads it.
+Nothing here imports JAX (study files are parsed with it); the :class:`Plan` pytree and its
+builder :func:`plan_spec` are generated from it in :mod:`hetersim.specs.plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from .types import Attention, Choice, OffloadState, Order, Precision, Recompute, Tier
+
+Kind = Literal["int", "float", "bool", "choice", "offload"]
+AUTO = "auto"
+REQUIRED = object()  # default of a field every plan must give
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanField:
+    """One plan field.
+
+    ``kind``: ``int`` (a positive integer unless ``lo`` says otherwise), ``float``, ``bool``,
+    ``choice`` (a name of ``options``, stored as its code in the leaf ``<name>_code``) or
+    ``offload`` (a mapping state -> tier, stored as a code per :class:`OffloadState`).
+    ``default``: a value, :data:`REQUIRED`, or :data:`AUTO` (derived from other fields by the
+    field's rule: :func:`derived_dp`, :func:`resolve_sp`, ``cpu_optimizer`` on when the
+    optimizer states are offloaded). ``axis``: a study may give a list of values (a sweep axis);
+    ``layout``: one of the integer columns the host filters on before evaluating (``dp`` must be
+    whole, the global batch a multiple of ``micro_batch * dp``); ``label``: the prefix in a
+    layout label such as ``tp8-pp4``; ``flag``: the CLI option that sets it.
+    """
+
+    name: str
+    kind: Kind
+    default: Any
+    long_name: str
+    units: str = "1"
+    label: str = ""
+    axis: bool = False
+    layout: bool = False
+    options: type[Choice] | None = None
+    lo: float = 1.0
+    hi: float = math.inf
+    flag: str = ""
+    auto_rule: str = ""
+    zero_means: str = ""  # what a 0 means where 0 is allowed
+
+    @property
+    def leaf(self) -> str:
+        """The :class:`Plan` leaf that holds the field."""
+        return {"choice": f"{self.name}_code", "offload": "offload_tier_code"}.get(self.kind, self.name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """A choice's option names in code order."""
+        return self.options.names() if self.options is not None else ()
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def coded(self) -> bool:
+        """Stored as small integer codes in sweep tables (choices, and ``sp`` with -1 = auto)."""
+        return self.kind in ("choice", "bool") and self.axis
+
+
+FIELDS: tuple[PlanField, ...] = (
+    PlanField("n_gpus", "int", REQUIRED, "number of GPUs", layout=True, axis=False, flag="--gpus"),
+    PlanField("tp", "int", 1, "tensor-parallel size", label="tp", axis=True, layout=True),
+    PlanField("pp", "int", 1, "pipeline-parallel size", label="pp", axis=True, layout=True),
+    PlanField("cp", "int", 1, "context-parallel size", label="cp", axis=True, layout=True),
+    PlanField("micro_batch", "int", 1, "micro-batch size", "sequences", label="mb", axis=True, layout=True),
+    PlanField("global_batch", "int", REQUIRED, "global batch size", "sequences", label="gb", axis=True, layout=True),
+    PlanField(
+        "dp", "int", AUTO, "data-parallel size, n_gpus / (tp*pp*cp)", label="dp", auto_rule="n_gpus / (tp*pp*cp)"
+    ),
+    PlanField("vp", "int", 1, "virtual pipeline chunks per stage", label="vp", axis=True),
+    PlanField("zero", "int", 0, "ZeRO stage (3 = FSDP)", label="z", axis=True, lo=0, hi=3),
+    PlanField("recompute", "choice", "none", "activation recomputation", label="rc", axis=True, options=Recompute),
+    PlanField("sp", "bool", AUTO, "sequence parallelism", label="sp", axis=True, auto_rule="on when tp > 1"),
+    PlanField("precision", "choice", "bf16", "training precision", axis=True, options=Precision),
+    PlanField("seq_len", "int", REQUIRED, "sequence length", "tokens", label="seq", axis=True),
+    PlanField("attention", "choice", "flash", "attention kernel", axis=True, options=Attention),
+    PlanField(
+        "order",
+        "choice",
+        Order.TP_CP_DP_PP.label,
+        "rank placement, innermost first",
+        label="ord",
+        axis=True,
+        options=Order,
+    ),
+    PlanField("train_tokens", "float", 2.0e12, "token budget to train", "tokens"),
+    PlanField("offload", "offload", None, "memory tier of each offloaded state"),
+    PlanField(
+        "cpu_optimizer",
+        "bool",
+        AUTO,
+        "optimizer step on the host CPU (DeepSpeed CPU-Adam)",
+        auto_rule="on when the optimizer states are offloaded",
+    ),
+    PlanField("bucket_Mparams", "float", 0.0, "DP/ZeRO collective granularity", "1e6", lo=0.0, zero_means="default"),
+    PlanField(
+        "reuse_Mparams",
+        "float",
+        0.0,
+        "ZeRO-3 reuse distance (DeepSpeed)",
+        "1e6",
+        lo=0.0,
+        zero_means="FSDP, keeps gathered weights",
+    ),
+)
+BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}
+
+# Fields a study may sweep (lists are axes), in the order of a sweep's coordinates.
+AXES: tuple[str, ...] = tuple(f.name for f in FIELDS if f.axis)
+# Integer columns the host filters on, with ``dp`` derived from them.
+LAYOUT: tuple[str, ...] = tuple(f.name for f in FIELDS if f.layout)
+# Every column of one configuration of a sweep after ``model`` and ``gpu``: the axes, n_gpus, dp.
+COLUMNS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.axis or f.layout or f.name == "dp")
+# Fields that are scalars of a whole study (never axes).
+SCALARS: tuple[str, ...] = tuple(f.name for f in FIELDS if not (f.axis or f.layout or f.name == "dp"))
+CHOICES: dict[str, tuple[str, ...]] = {f.name: f.names for f in FIELDS if f.kind == "choice"}
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS if f.default is not REQUIRED}
+
+
+# --------------------------------------------------------------------------------------------
+# Derived rules, written once
+# --------------------------------------------------------------------------------------------
+
+
+def derived_dp(n_gpus, tp, pp, cp):
+    """Data-parallel size ``n_gpus / (tp*pp*cp)`` (a float; whole only for a valid layout)."""
+    return n_gpus / (tp * pp * cp)
+
+
+def resolve_sp(sp, tp, xp=np):
+    """Sequence parallelism: ``sp`` < 0 (or ``"auto"``/``None``) means on when ``tp > 1``.
+
+    Works on Python values and on NumPy or JAX arrays of codes (``xp`` the array module).
+    """
+    if sp is None or isinstance(sp, str):
+        if sp not in (None, AUTO):
+            raise ValueError(f"sp must be true, false or {AUTO!r}; got {sp!r}")
+        return bool(tp > 1)
+    if np.ndim(sp) == 0 and not hasattr(sp, "aval"):
+        return bool(tp > 1) if sp < 0 else bool(sp)
+    return xp.where(xp.asarray(sp) < 0, xp.asarray(tp) > 1, xp.asarray(sp) > 0)
+
+
+def sp_code(value: Any) -> int:
+    """A study's ``sp`` value as a table code: -1 auto, 0 off, 1 on."""
+    return -1 if value in (AUTO, None) else int(bool(value))
+
+
+def encode(name: str, value: Any) -> int:
+    """The table code of an axis value (a choice's name, ``sp``'s auto/bool, an integer)."""
+    f = BY_NAME[name]
+    if f.kind == "choice":
+        return f.options.parse(value, name).value  # type: ignore[union-attr]
+    if name == "sp":
+        return sp_code(value)
+    return int(value)
+
+
+def decode(name: str, code: Any) -> Any:
+    """The plain value of a table code (the inverse of :func:`encode`; ``sp`` -1 stays -1)."""
+    f = BY_NAME[name]
+    if f.kind == "choice":
+        return f.names[int(code)]
+    if name == "sp":
+        return int(code) if int(code) < 0 else bool(code)
+    return int(code)
+
+
+def layout_label(values: Mapping[str, Any], names: Sequence[str] = ("tp", "pp", "vp", "dp", "cp")) -> str:
+    """The short layout label ``tp8-pp4-vp1-dp16-cp1`` of ``names`` (labels from the registry)."""
+    return "-".join(f"{BY_NAME[n].label or n}{_plain(values[n])}" for n in names)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float) and v == int(v):
+        return int(v)
+    return v
+
+
+# --------------------------------------------------------------------------------------------
+# The builder
+# --------------------------------------------------------------------------------------------
+
+
+def _number(f: PlanField, value: Any) -> float:
+    integer = f.kind == "int"
+    if isinstance(value, bool) and f.kind != "bool":
+        value = None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    ok = math.isfinite(v) and v >= f.lo and v <= f.hi and (v > 0 or f.lo <= 0) and (not integer or v == int(v))
+    if not ok:
+        raise ValueError(f"{f.name} must be {_rule(f)}; got {value!r}")
+    return v
+
+
+def _rule(f: PlanField) -> str:
+    kind = "integer" if f.kind == "int" else "number"
+    if f.hi < math.inf:
+        return f"one of {', '.join(str(int(x)) for x in range(int(f.lo), int(f.hi) + 1))}"
+    if f.lo <= 0:
+        return ">= 0" + (f" (0 = {f.zero_means})" if f.zero_means else "")
+    return f"a positive {kind}"
+
+
+def _offload_codes(offload: Mapping[str, str] | None) -> np.ndarray:
+    tiers = np.zeros(len(OffloadState), dtype=np.int32)
+    for state, tier in (offload or {}).items():
+        s = OffloadState.parse(state, "offload state")
+        tiers[s] = Tier.parse(tier, f"offload tier for {state}")
+    return tiers
+
+
+def resolve(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = [k for k in options if k not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown plan field {unknown[0]!r}; allowed: {', '.join(BY_NAME)}")
+    values = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+    for f in FIELDS:
+        if f.default is REQUIRED and values.get(f.name) is None:
+            raise ValueError(f"{f.name} is required")
+    for name in ("n_gpus", "tp", "pp", "cp"):
+        values[name] = _number(BY_NAME[name], values[name])
+    if values["dp"] in (AUTO, None):
+        dp = derived_dp(values["n_gpus"], values["tp"], values["pp"], values["cp"])
+        if dp != int(dp) or dp < 1:
+            group = int(values["tp"] * values["pp"] * values["cp"])
+            raise ValueError(f"n_gpus {int(values['n_gpus'])} is not divisible by tp*pp*cp = {group}")
+        values["dp"] = dp
+    values["sp"] = resolve_sp(values["sp"], values["tp"])
+    offload = _offload_codes(values["offload"])
+    if values["cpu_optimizer"] in (AUTO, None):
+        values["cpu_optimizer"] = bool(offload[OffloadState.OPTIMIZER] > 0)
+    values["offload"] = offload
+    return values
+
+
+def leaf_value(f: PlanField, value: Any) -> Any:
+    if f.kind == "choice":
+        return f.options.parse(value, f.name).value  # type: ignore[union-attr]
+    if f.kind == "offload":
+        return value
+    if f.kind == "bool":
+        if not isinstance(value, bool | int | np.bool_):
+            raise ValueError(f"{f.name} must be true or false; got {value!r}")
+        return float(bool(value))
+    return _number(f, value)
