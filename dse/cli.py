@@ -18,8 +18,10 @@ from typing import Any, NoReturn, TypeVar
 import typer
 
 from dse import format as fmt
-from hetersim.catalog import SECTIONS, apply_overrides, load_catalog, model_from_dims, model_from_hf_config
-from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER, Infeasible
+from hetersim.catalog import SECTIONS, load_catalog, model_from_dims, model_from_hf_config
+from hetersim.outputs import STEP_TERMS
+from hetersim.planfields import FIELDS
+from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER
 
 app = typer.Typer(
     name="hetersim",
@@ -53,46 +55,31 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _calibration():
-    """The stored calibration constants (``hetersim/catalog/calibration.toml``)."""
-    from hetersim.calibration import as_spec, load_calibration
-
-    return as_spec(load_calibration())
-
-
-@functools.cache
-def _simulate():
-    """``simulate`` compiled once per process (one configuration, unbatched)."""
-    import jax
-
-    from hetersim.simulate import simulate
-
-    return jax.jit(simulate)
-
-
 # --------------------------------------------------------------------------------------------
 # Option parsing
 # --------------------------------------------------------------------------------------------
 
-# plan_spec / model names of a value -> the CLI flag that sets it (for error messages).
-PLAN_FLAGS = {
-    "n_gpus": "--gpus",
-    "micro_batch": "--micro-batch",
-    "global_batch": "--global-batch",
-    "seq_len": "--seq-len",
-    "train_tokens": "--train-tokens",
+# Field names (hetersim.planfields and hetersim.api's options) -> the CLI flag that sets them, for
+# error messages: hetersim names fields, the CLI names its flags.
+FIELD_FLAGS = {
+    **{f.name: f.cli_flag for f in FIELDS},
     "offload state": "--offload state",
     "offload tier": "--offload tier",
-    **{k: f"--{k}" for k in ("tp", "pp", "vp", "cp", "dp", "zero", "recompute", "precision", "attention", "order")},
+    "cluster": "--cluster",
+    "hetero": "--hetero",
+    "layers_per_stage": "--layers-per-stage",
+    "set": "--set",
+    "cxl": "--cxl-*",
+    "gpu": "--gpu",
 }
 
 
 def _with_flag(error: ValueError) -> ValueError:
-    """Rename a plan_spec parameter at the start of its message to the CLI flag that sets it."""
+    """Rename a field at the start of its message to the CLI flag that sets it."""
     text = str(error)
-    for name in sorted(PLAN_FLAGS, key=len, reverse=True):
-        if text.startswith(name + " "):
-            return ValueError(PLAN_FLAGS[name] + text[len(name) :])
+    for name in sorted(FIELD_FLAGS, key=len, reverse=True):
+        if text.startswith(name + " ") or text.startswith(name + ":"):
+            return ValueError(FIELD_FLAGS[name] + text[len(name) :])
     return error
 
 
@@ -144,60 +131,13 @@ def _choices(options: tuple[str, ...]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _cluster_groups(catalog, text: str) -> list[tuple[dict[str, Any], int]]:
-    """``--cluster KIND:N,KIND:N`` -> [(catalog entry, count), ...] with one-line errors."""
-    groups = []
-    for part in text.split(","):
-        kind, sep, count = part.strip().partition(":")
-        if not sep or not count.strip().isdigit() or int(count) <= 0:
-            raise ValueError(f"--cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
-        groups.append((catalog.gpu(kind.strip()), int(count)))
-    return groups
-
-
-def _group_rows(groups, mixed, hetero: str) -> list[dict[str, Any]]:
-    rows = []
-    for i, (entry, count) in enumerate(groups):
-        rows.append(
-            {
-                "gpu": entry.get("name", "?"),
-                "gpus": count,
-                "stages" if hetero == "pipeline" else "replicas": int(round(float(mixed.group_stages[i]))),
-                "layers_per_stage": int(round(float(mixed.group_layers[i]))),
-                "microbatches": int(round(float(mixed.group_microbatches[i]))),
-                "stage_or_step_time_s": float(mixed.group_stage_time_s[i]),
-                "hbm_used_GiB": float(mixed.group_hbm_used_GiB[i]),
-                "infeasible": Infeasible.describe(int(mixed.group_infeasible[i])),
-            }
-        )
-    return rows
-
-
 def configuration(
     *,
     gpus,
     global_batch,
     model=None,
     gpu=None,
-    tp=1,
-    pp=1,
-    vp=1,
-    cp=1,
-    dp=None,
-    sp=None,
-    zero=0,
-    micro_batch=1,
-    seq_len=None,
-    recompute="none",
-    precision="bf16",
-    attention="flash",
-    order=ORDER[0],
     offload=(),
-    cpu_optimizer=None,
-    cxl_expander=None,
-    cxl_pool=None,
-    cxl_p2p=False,
-    train_tokens=2.0e12,
     catalog_files=(),
     overrides=(),
     layers=None,
@@ -210,89 +150,42 @@ def configuration(
     cluster=None,
     hetero="pipeline",
     layers_per_stage=None,
-) -> dict[str, Any]:
-    """Validate ``evaluate``'s options and build the specs of one configuration; evaluates it.
+    cxl_expander=None,
+    cxl_pool=None,
+    cxl_p2p=False,
+    **plan,
+):
+    """``evaluate``'s options -> :func:`hetersim.api.configure` (one configuration, evaluated).
 
-    Returns ``model`` and ``gpu`` labels, the ``plan`` options, ``specs`` (model, system or
-    cluster, plan, calibration), ``out`` (a Breakdown) and, for a mix, per-group ``groups``.
+    Flags map to the API's fields one to one; an error that names a field is shown with its flag.
     """
+    from hetersim import api
+
     if (gpu is None) == (cluster is None):
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
-    if cluster:
-        gpu = cluster
-    for flag, value in (("--gpus", gpus), ("--tp", tp), ("--pp", pp), ("--vp", vp), ("--cp", cp), ("--dp", dp)):
-        _positive(flag, value)
-    for flag, value in (("--micro-batch", micro_batch), ("--global-batch", global_batch), ("--seq-len", seq_len)):
-        _positive(flag, value)
-    _positive("--train-tokens", train_tokens)
-    if zero not in (0, 1, 2, 3):
-        raise ValueError(f"--zero must be one of 0, 1, 2, 3; got {zero}")
-
     catalog = load_catalog(list(catalog_files))
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
-    model_label, model_entry = _model(catalog, model, {**dims, "mlp": mlp})
-    groups_in = _cluster_groups(catalog, cluster) if cluster else None
-    if groups_in and sum(c for _, c in groups_in) != gpus:
-        raise ValueError(f"--gpus {gpus} must equal the --cluster total {sum(c for _, c in groups_in)}")
-    gpu_entry = groups_in[0][0] if cluster else catalog.gpu(gpu)
-    if overrides and cluster:
-        raise ValueError("--set applies to --gpu; describe mixed hardware with --catalog files")
-    if overrides:
-        gpu_entry = apply_overrides(
-            "gpus", gpu, gpu_entry, _pairs("--set", overrides, "=", "FIELD=VALUE"), origin="--set", catalog=catalog
-        )
-    plan = dict(
-        n_gpus=gpus,
-        tp=tp,
-        pp=pp,
-        vp=vp,
-        cp=cp,
-        dp=dp,
-        sp=(tp > 1) if sp is None else sp,
-        zero=zero,
-        micro_batch=micro_batch,
-        global_batch=global_batch,
-        seq_len=seq_len or int(model_entry.get("seq_len", 4096)),
-        train_tokens=train_tokens,
-        recompute=recompute,
-        precision=precision,
-        attention=attention,
-        order=order,
-        offload=_pairs("--offload", list(offload), ":", "STATE:TIER (e.g. optimizer:host-dram)"),
-        cpu_optimizer=cpu_optimizer,
-    )
-
-    from hetersim import build
-
+    dims = {k: v for k, v in {**dims, "mlp": mlp}.items() if v is not None}
+    _model(catalog, model, dims)  # checks the model flags
     try:
-        plan_s = build.plan_spec(**plan)
+        return api.configure(
+            model=model if model is not None else dims,
+            gpu=gpu,
+            cluster=cluster,
+            hetero=hetero,
+            layers_per_stage=layers_per_stage,
+            catalog=catalog,
+            overrides=_pairs("--set", list(overrides), "=", "FIELD=VALUE") or None,
+            cxl_expander=cxl_expander,
+            cxl_pool=cxl_pool,
+            cxl_p2p=cxl_p2p,
+            n_gpus=gpus,
+            global_batch=global_batch,
+            offload=_pairs("--offload", list(offload), ":", "STATE:TIER (e.g. optimizer:host-dram)"),
+            **plan,
+        )
     except ValueError as error:
         raise _with_flag(error) from None
-    groups = None
-    if cluster:
-        from hetersim.cluster import check_plan, cluster_spec, simulate_cluster
-
-        if cxl_expander or cxl_pool or cxl_p2p:
-            raise ValueError("--cxl-* options apply to one device kind; describe a mix's tiers with --catalog files")
-        check_plan(groups_in, dict(plan, dp=int(round(float(plan_s.dp)))), hetero)
-        system = cluster_spec(groups_in, catalog.links, hetero, layers_per_stage or None)
-        specs = (build.model_spec(model_entry), system, plan_s, _calibration())
-        import jax
-
-        mixed = jax.jit(simulate_cluster)(*specs)
-        out = mixed.total
-        groups = _group_rows(groups_in, mixed, hetero)
-    else:
-        from hetersim import tiers
-
-        cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
-        system = build.system_spec(gpu_entry, catalog.links, memory=catalog.memory, **cxl)
-        tiers.check_offload(system.host, plan["offload"])
-        specs = (build.model_spec(model_entry), system, plan_s, _calibration())
-        out = _simulate()(*specs)
-    if plan["dp"] is None:
-        plan["dp"] = int(round(float(plan_s.dp)))
-    return {"model": model_label, "gpu": gpu, "plan": plan, "specs": specs, "out": out, "groups": groups}
 
 
 @app.command()
@@ -358,12 +251,9 @@ def evaluate(
     ``--cluster KIND:N,KIND:N`` evaluates a mix of device kinds (``--hetero pipeline|data``)."""
     opts = {k: v for k, v in locals().items() if k != "as_json"}
     built = configuration(**opts)
-    out = built["out"]
-    from hetersim.simulate import STEP_TERMS
-
-    result = fmt.evaluation(out, STEP_TERMS, {"model": built["model"], "gpu": built["gpu"], "plan": built["plan"]})
-    if built.get("groups") is not None:
-        result["groups"] = built["groups"]
+    result = fmt.evaluation(built.breakdown, STEP_TERMS, {"model": built.model, "gpu": built.gpu, "plan": built.plan})
+    if built.groups is not None:
+        result["groups"] = built.groups
     if as_json:
         typer.echo(fmt.dumps(result))
     else:
@@ -401,7 +291,9 @@ def validate_cmd(
     validate_memory = getattr(validation, "validate_memory", None)
     if memory is not None and validate_memory is None:
         raise ValueError("--memory: this version has no memory validation (hetersim.validation.validate_memory)")
-    cal = _calibration()
+    from hetersim.api import default_calibration
+
+    cal = default_calibration()
     report = validation.validate(rows, catalog, cal, path=str(path))
     memory_report = validate_memory(memory, catalog, cal) if memory is not None else None
 

@@ -77,7 +77,7 @@ CATALOG_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 def console() -> Console:
     """A console on stdout, 160 columns wide when stdout is not a terminal (pipes, tests)."""
-    sized = sys.stdout.isatty() or "COLUMNS" in os.environ
+    sized = sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit()
     return Console(width=None if sized else 160, highlight=False)
 
 

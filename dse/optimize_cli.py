@@ -147,8 +147,8 @@ def sensitivity_report(built: Mapping[str, Any], *, metric: str = "step_time_s",
     if metric not in METRICS or METRICS[metric].dtype != "f4":
         allowed = ", ".join(m for m, v in METRICS.items() if v.dtype == "f4")
         raise ValueError(f"--metric must be one of {allowed}; got {metric!r}")
-    specs, plan, out = built["specs"], built["plan"], built["out"]
-    model_label, gpu = built["model"], built["gpu"]
+    specs, plan, out = built.specs, built.plan, built.breakdown
+    model_label, gpu = built.model, built.gpu
     ranked = sensitivity(*specs, metric=metric)
     value = float(getattr(out, metric))
     result = {

@@ -252,15 +252,15 @@ def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None) -> Cl
     from . import build
 
     if mode not in MODES:
-        raise ValueError(f"--hetero must be one of {', '.join(MODES)}; got {mode!r}")
+        raise ValueError(f"hetero must be one of {', '.join(MODES)}; got {mode!r}")
     if not groups:
-        raise ValueError("--cluster needs at least one group KIND:COUNT")
+        raise ValueError("cluster needs at least one group KIND:COUNT")
     if len(groups) > MAX_GROUPS:
-        raise ValueError(f"--cluster has {len(groups)} groups; at most {MAX_GROUPS} are supported")
+        raise ValueError(f"cluster has {len(groups)} groups; at most {MAX_GROUPS} are supported")
     systems, counts = [], []
     for entry, count in groups:
         if not isinstance(count, int) or count <= 0:
-            raise ValueError(f"--cluster count for {entry.get('name', '?')} must be a positive integer; got {count!r}")
+            raise ValueError(f"cluster count for {entry.get('name', '?')} must be a positive integer; got {count!r}")
         systems.append(build.system_spec(entry, links))
         counts.append(float(count))
     while len(systems) < MAX_GROUPS:
@@ -269,7 +269,7 @@ def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None) -> Cl
     fixed = np.zeros(MAX_GROUPS)
     if layers_fixed is not None:
         if len(layers_fixed) != len(groups) or any(int(x) <= 0 for x in layers_fixed):
-            raise ValueError("--layers-per-stage needs one positive integer per --cluster group")
+            raise ValueError("layers_per_stage needs one positive integer per cluster group")
         fixed[: len(groups)] = [float(x) for x in layers_fixed]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *systems)
     return ClusterSpec(
@@ -290,6 +290,6 @@ def check_plan(cluster_groups, plan_opts: dict, mode: str) -> None:
         what = "tp*cp*dp GPUs per pipeline stage" if mode == "pipeline" else "tp*cp*pp GPUs per replica"
         if unit and count % unit:
             raise ValueError(
-                f"--cluster group {entry.get('name', '?')}:{count} does not hold whole stages or replicas "
+                f"cluster group {entry.get('name', '?')}:{count} does not hold whole stages or replicas "
                 f"({what} = {unit}); a tensor- or context-parallel group cannot span two device kinds"
             )

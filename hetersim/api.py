@@ -1,0 +1,197 @@
+"""The one-call API: names in, a breakdown out, with the same defaults as the CLI.
+
+:func:`configure` turns plain options (catalog keys, plan fields, CXL devices, a mix of kinds)
+into the specs of one configuration, validated with one-line ``ValueError``s that name the
+field; :func:`evaluate` also runs the model on them. The ``hetersim evaluate`` and ``hetersim
+sensitivity`` commands call :func:`configure` (they only add flags, tables and JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .planfields import AUTO, derived_dp, resolve_sp
+
+DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """One configuration, built: labels, the resolved plan options, the specs and the result.
+
+    ``specs`` is ``(model, system, plan, calibration)``; for a mix of device kinds ``system`` is
+    a :class:`hetersim.cluster.ClusterSpec` and ``groups`` has one row per kind.
+    """
+
+    model: str
+    gpu: str
+    plan: dict[str, Any]
+    specs: tuple[Any, Any, Any, Any]
+    breakdown: Any
+    groups: list[dict[str, Any]] | None = None
+    mixed: Any = None  # the ClusterBreakdown of a mix
+
+
+@functools.cache
+def _compiled(name: str):
+    """``simulate`` / ``simulate_cluster`` compiled once per process (one configuration)."""
+    import jax
+
+    from .cluster import simulate_cluster
+    from .simulate import simulate
+
+    return jax.jit({"simulate": simulate, "cluster": simulate_cluster}[name])
+
+
+def default_calibration():
+    """The stored calibration constants (``hetersim/catalog/calibration.toml``) as a spec."""
+    from .calibration import as_spec, load_calibration
+
+    return as_spec(load_calibration())
+
+
+def _model(catalog, model: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(label, entry) of a catalog key, a Hugging Face ``config.json`` path or a dimensions dict."""
+    from .catalog import model_from_dims, model_from_hf_config
+
+    if isinstance(model, Mapping):
+        entry = model_from_dims(**model)
+        return entry["name"], entry
+    if str(model).endswith(".json") or Path(model).is_file():
+        return str(model), model_from_hf_config(model)
+    return str(model), catalog.model(model)
+
+
+def parse_cluster(catalog, text: str) -> list[tuple[dict[str, Any], int]]:
+    """``"KIND:N,KIND:N"`` -> ``[(catalog entry, count), ...]`` with one-line errors."""
+    groups = []
+    for part in text.split(","):
+        kind, sep, count = part.strip().partition(":")
+        if not sep or not count.strip().isdigit() or int(count) <= 0:
+            raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
+        groups.append((catalog.gpu(kind.strip()), int(count)))
+    return groups
+
+
+def group_rows(groups, mixed, hetero: str) -> list[dict[str, Any]]:
+    """One row per device kind of a mix: its stages or replicas, layers, time and memory."""
+    from .types import Infeasible
+
+    rows = []
+    for i, (entry, count) in enumerate(groups):
+        units = "stages" if hetero == "pipeline" else "replicas"
+        rows.append(
+            {
+                "gpu": entry.get("name", "?"),
+                "gpus": count,
+                units: int(round(float(mixed.group_stages[i]))),
+                "layers_per_stage": int(round(float(mixed.group_layers[i]))),
+                "microbatches": int(round(float(mixed.group_microbatches[i]))),
+                "stage_or_step_time_s": float(mixed.group_stage_time_s[i]),
+                "hbm_used_GiB": float(mixed.group_hbm_used_GiB[i]),
+                "infeasible": Infeasible.describe(int(mixed.group_infeasible[i])),
+            }
+        )
+    return rows
+
+
+def _hardware(catalog, gpu, cluster, n_gpus, overrides):
+    if (gpu is None) == (cluster is None):
+        raise ValueError("give one of gpu KIND or cluster KIND:N,KIND:N")
+    if cluster is None:
+        entry = catalog.gpu(gpu)
+        if overrides:
+            from .catalog import apply_overrides
+
+            entry = apply_overrides("gpus", gpu, entry, dict(overrides), origin="set", catalog=catalog)
+        return gpu, entry, None
+    if overrides:
+        raise ValueError("set applies to one gpu kind; describe mixed hardware with catalog files")
+    groups = parse_cluster(catalog, cluster)
+    total = sum(c for _, c in groups)
+    if n_gpus is not None and total != n_gpus:
+        raise ValueError(f"n_gpus {n_gpus} must equal the cluster total {total}")
+    return cluster, groups[0][0], groups
+
+
+def configure(
+    *,
+    model: str | Mapping[str, Any],
+    gpu: str | None = None,
+    cluster: str | None = None,
+    hetero: str = "pipeline",
+    layers_per_stage: Sequence[int] | None = None,
+    catalog: Any = (),
+    overrides: Mapping[str, Any] | None = None,
+    cxl_expander: str | None = None,
+    cxl_pool: str | None = None,
+    cxl_p2p: bool = False,
+    calibration: Any = None,
+    **plan: Any,
+) -> Configuration:
+    """Build and evaluate one configuration (see :func:`evaluate`)."""
+    from . import build
+    from .catalog import Catalog, load_catalog
+
+    cat = catalog if isinstance(catalog, Catalog) else load_catalog(list(catalog))
+    model_label, model_entry = _model(cat, model)
+    gpu_label, gpu_entry, groups = _hardware(cat, gpu, cluster, plan.get("n_gpus"), overrides)
+    if plan.get("seq_len") is None:
+        plan["seq_len"] = int(model_entry.get("seq_len", DEFAULT_SEQ_LEN))
+    plan_s = build.plan_spec(**plan)
+    resolved = _resolved(plan, plan_s)
+    cal = calibration if calibration is not None else default_calibration()
+    m = build.model_spec(model_entry)
+    if groups is not None:
+        from .cluster import check_plan, cluster_spec
+
+        if cxl_expander or cxl_pool or cxl_p2p:
+            raise ValueError("cxl options apply to one device kind; describe a mix's tiers with catalog files")
+        check_plan(groups, dict(resolved), hetero)
+        system = cluster_spec(groups, cat.links, hetero, list(layers_per_stage or ()) or None)
+        mixed = _compiled("cluster")(m, system, plan_s, cal)
+        rows = group_rows(groups, mixed, hetero)
+        return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), mixed.total, rows, mixed)
+    from . import tiers
+
+    cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
+    system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, **cxl)
+    tiers.check_offload(system.host, resolved["offload"])
+    out = _compiled("simulate")(m, system, plan_s, cal)
+    return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out)
+
+
+def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:
+    """The options as given, with the registry's derived values filled in (dp, sp)."""
+    out = dict(plan)
+    tp, pp, cp = (plan.get(k) or 1 for k in ("tp", "pp", "cp"))
+    if out.get("dp") in (None, AUTO):
+        out["dp"] = int(round(float(plan_s.dp)))
+    out["sp"] = resolve_sp(out.get("sp"), tp)
+    out.setdefault("offload", {})
+    out["offload"] = dict(out["offload"] or {})
+    assert out["dp"] == int(round(derived_dp(plan["n_gpus"], tp, pp, cp))) or plan.get("dp") is not None
+    return out
+
+
+def evaluate(model: str | Mapping[str, Any], gpu: str | None = None, **options: Any):
+    """Evaluate one configuration and return its :class:`~hetersim.simulate.Breakdown`.
+
+    ``model``: a catalog key (``"llama3-70b"``), a Hugging Face ``config.json`` path, or a dict of
+    dimensions (``layers``, ``hidden``, ``heads``, ...). ``gpu``: a catalog key; or
+    ``cluster="h100-sxm-80gb:256,h200-sxm-141gb:256"`` with ``hetero="pipeline"|"data"``. Plan
+    fields (:data:`hetersim.planfields.FIELDS`) by name, with the CLI's defaults: ``n_gpus``,
+    ``global_batch`` required; ``seq_len`` the model's; ``dp = n_gpus/(tp*pp*cp)``; sequence
+    parallelism on when ``tp > 1``. Also ``catalog`` (extra TOML files or a Catalog),
+    ``overrides`` (GPU entry fields), ``cxl_expander``, ``cxl_pool``, ``cxl_p2p``.
+
+    >>> import hetersim
+    >>> out = hetersim.evaluate("llama3-70b", "h200-sxm-141gb", n_gpus=512, tp=8, pp=4, global_batch=512)
+    >>> float(out.step_time_s) > 0
+    True
+    """
+    return configure(model=model, gpu=gpu, **options).breakdown
