@@ -18,47 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from dse.metrics import METRICS, constraint_keys, constraint_metric
+from hetersim import planfields
 from hetersim.catalog import Catalog, apply_overrides, load_catalog
-from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER, ZERO_STAGES
+from hetersim.types import ATTENTION, HETERO_MODES, MAX_GROUPS, OFFLOAD_STATE, ORDER, RECOMPUTE, TIER, ZERO_STAGES
 
 DEFAULT_STUDY = Path(__file__).resolve().parent / "studies" / "default.toml"
 
 DEFAULT_OBJECTIVES = ("time_to_train_s", "cost_usd")
 
-# Plan axes in the order of the sweep's ``config`` dimension after model, gpu and n_gpus. The
-# first five with n_gpus are the ones the host filters on (dp must be an integer, the global
-# batch a multiple of micro_batch * dp), so they stay together.
-PLAN_AXES = (
-    "tp",
-    "pp",
-    "cp",
-    "micro_batch",
-    "global_batch",
-    "vp",
-    "zero",
-    "recompute",
-    "sp",
-    "precision",
-    "seq_len",
-    "attention",
-    "order",
-)
-CATEGORICAL = {"recompute": RECOMPUTE, "precision": PRECISION, "attention": ATTENTION, "order": ORDER}
-PLAN_DEFAULTS: dict[str, Any] = {
-    "tp": 1,
-    "pp": 1,
-    "cp": 1,
-    "micro_batch": 1,
-    "vp": 1,
-    "zero": 0,
-    "recompute": "none",
-    "sp": "auto",
-    "precision": "bf16",
-    "attention": "flash",
-    "order": ORDER[0],
-}
-PLAN_SCALARS = ("train_tokens", "offload", "cpu_optimizer", "bucket_Mparams", "reuse_Mparams")
-DEFAULT_TRAIN_TOKENS = 2.0e12
+# Plan axes, in the order of the sweep's ``config`` dimension after model, gpu and n_gpus, their
+# defaults and the study-wide scalars: all from the registry of plan fields.
+PLAN_AXES = planfields.AXES
+CATEGORICAL = planfields.CHOICES
+PLAN_DEFAULTS: dict[str, Any] = {k: planfields.DEFAULTS[k] for k in PLAN_AXES if k in planfields.DEFAULTS}
+PLAN_SCALARS = planfields.SCALARS
+DEFAULT_TRAIN_TOKENS = planfields.DEFAULTS["train_tokens"]
 
 AUTO_RULES = {
     "tp": "divisors of n_gpus up to the GPU's scale-up domain that divide the heads and KV heads",
@@ -145,17 +119,30 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise _err(origin, None, f"invalid TOML: {error}") from None
-    _known(origin, None, doc, TOP_KEYS)
-    name = doc.get("name")
-    if name is None:
-        raise _err(origin, "name", "missing; give the study a name (letters, digits, '.', '_', '-')")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        rule = "must be letters, digits, '.', '_' or '-' (it names the results file)"
-        raise _err(origin, "name", f"{rule}; got {name!r}")
-    description = doc.get("description", "")
-    if not isinstance(description, str):
-        raise _err(origin, "description", f"must be a string; got {description!r}")
+    return study_from_mapping(doc, text=text, origin=origin, base=base, catalog=catalog)
 
+
+def study_from_mapping(
+    doc: Mapping[str, Any],
+    *,
+    text: str,
+    origin: str = "<study>",
+    base: Path | None = None,
+    catalog: Catalog | None = None,
+    key_names: Mapping[str, str] | None = None,
+) -> Study:
+    """Validate a study given as a mapping (a parsed TOML document). ``text`` is what the user
+    wrote (it fingerprints results); ``key_names`` renames keys in errors (a search study's
+    ``search.gpu`` is read here as ``hardware.gpu``)."""
+    try:
+        return _study(doc, text, origin, base, catalog)
+    except StudyError as error:
+        raise StudyError(origin, (key_names or {}).get(error.key, error.key), error.message) from None
+
+
+def _study(doc: Mapping[str, Any], text: str, origin: str, base: Path | None, catalog: Catalog | None) -> Study:
+    _known(origin, None, doc, TOP_KEYS)
+    name, description = _name(origin, doc)
     if catalog is None or "catalog" in doc:
         catalog = _catalog(origin, doc.get("catalog", []), base)
     model_t = _table(origin, "model", doc.get("model"), required=True)
@@ -168,6 +155,41 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
     model_keys = _strings(origin, "model.key", _required(origin, "model.key", model_t.get("key")))
     models = {k: _lookup(origin, "model.key", catalog.model, k) for k in model_keys}
     clusters, hetero = _clusters(origin, hw)
+    gpus, n_gpus = _hardware(origin, hw, catalog, clusters)
+    gpu_axis = tuple(clusters) if clusters else tuple(gpus)
+    axes = _plan_axes(origin, plan_t, {"model": model_keys, "gpu": gpu_axis, "n_gpus": n_gpus}, models, gpus)
+    return Study(
+        name=name,
+        text=text,
+        origin=origin,
+        axes=axes,
+        models=models,
+        gpus=gpus,
+        links=dict(catalog.links),
+        constraints=_constraints(origin, _table(origin, "constraints", doc.get("constraints"), required=False)),
+        objectives=_objectives(origin, doc.get("objectives", list(DEFAULT_OBJECTIVES))),
+        description=description,
+        clusters=clusters,
+        hetero=hetero,
+        **_plan_scalars(origin, plan_t),
+    )
+
+
+def _name(origin: str, doc: Mapping[str, Any]) -> tuple[str, str]:
+    name = doc.get("name")
+    if name is None:
+        raise _err(origin, "name", "missing; give the study a name (letters, digits, '.', '_', '-')")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        rule = "must be letters, digits, '.', '_' or '-' (it names the results file)"
+        raise _err(origin, "name", f"{rule}; got {name!r}")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise _err(origin, "description", f"must be a string; got {description!r}")
+    return name, description
+
+
+def _hardware(origin: str, hw: Mapping[str, Any], catalog: Catalog, clusters) -> tuple[dict, tuple[int, ...]]:
+    """The GPU entries (``hardware.set`` applied) and the GPU counts."""
     if clusters and "gpu" in hw:
         raise _err(origin, "hardware.gpu", "give either hardware.gpu or hardware.cluster, not both")
     if clusters:
@@ -185,12 +207,12 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
             entry = apply_overrides("gpus", key, entry, overrides, origin=f"{origin}: hardware.set", catalog=catalog)
         gpus[key] = entry
     if clusters and "n_gpus" not in hw:
-        n_gpus = tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
-    else:
-        n_gpus = _ints(origin, "hardware.n_gpus", _required(origin, "hardware.n_gpus", hw.get("n_gpus")), lo=1)
+        return gpus, tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
+    return gpus, _ints(origin, "hardware.n_gpus", _required(origin, "hardware.n_gpus", hw.get("n_gpus")), lo=1)
 
-    gpu_axis = tuple(clusters) if clusters else gpu_keys
-    axes: dict[str, tuple[Any, ...]] = {"model": model_keys, "gpu": gpu_axis, "n_gpus": n_gpus}
+
+def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mapping, gpus: Mapping) -> dict:
+    """Every plan axis resolved to a tuple of plain values, ``"auto"`` expanded."""
     raw = {k: plan_t.get(k, PLAN_DEFAULTS.get(k)) for k in PLAN_AXES}
     for key in ("global_batch", "seq_len"):
         _required(origin, f"plan.{key}", raw[key])
@@ -199,32 +221,15 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
     # Axes that "auto" derives from others are parsed first.
     axes["global_batch"] = _ints(origin, "plan.global_batch", raw["global_batch"], lo=1)
     axes["seq_len"] = _ints(origin, "plan.seq_len", raw["seq_len"], lo=1)
-    ctx = _AutoContext(n_gpus, list(models.values()), list(gpus.values()), axes["global_batch"], axes["seq_len"])
+    ctx = _AutoContext(
+        axes["n_gpus"], list(models.values()), list(gpus.values()), axes["global_batch"], axes["seq_len"]
+    )
     for key in PLAN_AXES:
-        if key in axes:
-            continue
-        axes[key] = _plan_axis(origin, key, raw[key], ctx)
+        if key not in axes:
+            axes[key] = _plan_axis(origin, key, raw[key], ctx)
     axes = {k: axes[k] for k in ("model", "gpu", "n_gpus", *PLAN_AXES)}
     _check_possible(origin, axes)
-
-    scalars = _plan_scalars(origin, plan_t)
-    constraints = _constraints(origin, _table(origin, "constraints", doc.get("constraints"), required=False))
-    objectives = _objectives(origin, doc.get("objectives", list(DEFAULT_OBJECTIVES)))
-    return Study(
-        name=name,
-        text=text,
-        origin=origin,
-        axes=axes,
-        models=models,
-        gpus=gpus,
-        links=dict(catalog.links),
-        constraints=constraints,
-        objectives=objectives,
-        description=description,
-        clusters=clusters,
-        hetero=hetero,
-        **scalars,
-    )
+    return axes
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,12 +239,9 @@ def parse_study(text: str, origin: str = "<study>", base: Path | None = None, ca
 
 def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple[str, int], ...]], str]:
     """``hardware.cluster``: a mix ``"kind:count,kind:count"`` or a list of them (an axis)."""
-    from hetersim.types import HETERO_MODES as MODES
-    from hetersim.types import MAX_GROUPS
-
     hetero = hw.get("hetero", "pipeline")
-    if hetero not in MODES:
-        raise _err(origin, "hardware.hetero", f"must be one of {', '.join(MODES)}; got {hetero!r}")
+    if hetero not in HETERO_MODES:
+        raise _err(origin, "hardware.hetero", f"must be one of {', '.join(HETERO_MODES)}; got {hetero!r}")
     if "cluster" not in hw:
         if "hetero" in hw:
             raise _err(origin, "hardware.hetero", "needs hardware.cluster")
@@ -258,9 +260,17 @@ def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple
     return out, hetero
 
 
-def _err(origin: str, key: str | None, message: str) -> ValueError:
-    where = f"study file {origin}" if key is None else f"study file {origin}: {key}"
-    return ValueError(f"{where}: {message}")
+class StudyError(ValueError):
+    """A problem with a study file: its origin, the key (None: the whole file) and what is wrong."""
+
+    def __init__(self, origin: str, key: str | None, message: str) -> None:
+        self.origin, self.key, self.message = origin, key, message
+        where = f"study file {origin}" if key is None else f"study file {origin}: {key}"
+        super().__init__(f"{where}: {message}")
+
+
+def _err(origin: str, key: str | None, message: str) -> StudyError:
+    return StudyError(origin, key, message)
 
 
 def _known(origin: str, section: str | None, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -400,14 +410,14 @@ def _plan_axis(origin: str, key: str, value: Any, ctx: _AutoContext) -> tuple[An
             if v not in options:
                 raise _err(origin, full, f'must be one of {", ".join(options)} or "auto"; got {v!r}')
         return values
-    if key == "sp":
+    f = planfields.BY_NAME[key]
+    if f.kind == "bool":
         values = _as_list(origin, full, value)
         if not all(isinstance(v, bool) for v in values) or len(set(values)) != len(values):
-            raise _err(origin, full, f'must be true, false, [false, true] or "auto" (on when tp > 1); got {value!r}')
+            rule = f'true, false, [false, true] or "auto" ({f.auto_rule})'
+            raise _err(origin, full, f"must be {rule}; got {value!r}")
         return tuple(values)
-    if key == "zero":
-        return _ints(origin, full, value, lo=0, hi=3)
-    return _ints(origin, full, value, lo=1)
+    return _ints(origin, full, value, lo=int(f.lo), hi=None if math.isinf(f.hi) else int(f.hi))
 
 
 def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
@@ -432,25 +442,30 @@ def _number(origin: str, key: str, value: Any, positive: bool = True) -> float:
 
 
 def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
+    """The study-wide plan fields (:data:`PLAN_SCALARS`), checked by their registry kind."""
     out: dict[str, Any] = {}
-    if "train_tokens" in plan_t:
-        out["train_tokens"] = _number(origin, "plan.train_tokens", plan_t["train_tokens"])
-    for key in ("bucket_Mparams", "reuse_Mparams"):
-        if key in plan_t:
-            out[key] = _number(origin, f"plan.{key}", plan_t[key], positive=False)
-    if "cpu_optimizer" in plan_t:
-        if not isinstance(plan_t["cpu_optimizer"], bool):
-            raise _err(origin, "plan.cpu_optimizer", f"must be true or false; got {plan_t['cpu_optimizer']!r}")
-        out["cpu_optimizer"] = plan_t["cpu_optimizer"]
-    if "offload" in plan_t:
-        table = _table(origin, "plan.offload", plan_t["offload"], required=False)
-        for state, tier in table.items():
-            if state not in OFFLOAD_STATE:
-                raise _err(origin, f"plan.offload.{state}", f"unknown state; allowed: {', '.join(OFFLOAD_STATE)}")
-            if tier not in TIER[1:]:
-                raise _err(origin, f"plan.offload.{state}", f"must be one of {', '.join(TIER[1:])}; got {tier!r}")
-        out["offload"] = dict(table)
+    for key in PLAN_SCALARS:
+        if key not in plan_t:
+            continue
+        f, value, full = planfields.BY_NAME[key], plan_t[key], f"plan.{key}"
+        if f.kind == "float":
+            out[key] = _number(origin, full, value, positive=f.lo > 0)
+        elif f.kind == "bool":
+            if not isinstance(value, bool):
+                raise _err(origin, full, f"must be true or false; got {value!r}")
+            out[key] = value
+        elif f.kind == "offload":
+            out[key] = _offload(origin, _table(origin, full, value, required=False))
     return out
+
+
+def _offload(origin: str, table: Mapping[str, Any]) -> dict[str, str]:
+    for state, tier in table.items():
+        if state not in OFFLOAD_STATE:
+            raise _err(origin, f"plan.offload.{state}", f"unknown state; allowed: {', '.join(OFFLOAD_STATE)}")
+        if tier not in TIER[1:]:
+            raise _err(origin, f"plan.offload.{state}", f"must be one of {', '.join(TIER[1:])}; got {tier!r}")
+    return dict(table)
 
 
 def _constraints(origin: str, table: Mapping[str, Any]) -> dict[str, float]:
