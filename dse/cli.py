@@ -21,7 +21,7 @@ from dse import format as fmt
 from hetersim.catalog import SECTIONS, load_catalog, model_from_dims, model_from_hf_config
 from hetersim.outputs import STEP_TERMS
 from hetersim.planfields import FIELDS
-from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER
+from hetersim.types import ATTENTION, OFFLOAD_STATE, ORDER, PRECISION, RECOMPUTE, TIER, FieldError
 
 app = typer.Typer(
     name="hetersim",
@@ -71,11 +71,15 @@ FIELD_FLAGS = {
     "set": "--set",
     "cxl": "--cxl-*",
     "gpu": "--gpu",
+    "catalog": "--catalog",
 }
 
 
 def _with_flag(error: ValueError) -> ValueError:
-    """Rename a field at the start of its message to the CLI flag that sets it."""
+    """Rename the fields of a message to the CLI flags that set them (a field at the start of a
+    plain message, every field of a :class:`hetersim.types.FieldError`)."""
+    if isinstance(error, FieldError):
+        return ValueError(error.named(FIELD_FLAGS))
     text = str(error)
     for name in sorted(FIELD_FLAGS, key=len, reverse=True):
         if text.startswith(name + " ") or text.startswith(name + ":"):

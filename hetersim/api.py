@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .planfields import AUTO, derived_dp, resolve_sp
+from .types import FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
 
@@ -101,7 +102,7 @@ def group_rows(groups, mixed, hetero: str) -> list[dict[str, Any]]:
 
 def _hardware(catalog, gpu, cluster, n_gpus, overrides):
     if (gpu is None) == (cluster is None):
-        raise ValueError("give one of gpu KIND or cluster KIND:N,KIND:N")
+        raise FieldError("give one of {0} KIND or {1} KIND:N,KIND:N", "gpu", "cluster")
     if cluster is None:
         entry = catalog.gpu(gpu)
         if overrides:
@@ -110,11 +111,11 @@ def _hardware(catalog, gpu, cluster, n_gpus, overrides):
             entry = apply_overrides("gpus", gpu, entry, dict(overrides), origin="set", catalog=catalog)
         return gpu, entry, None
     if overrides:
-        raise ValueError("set applies to one gpu kind; describe mixed hardware with catalog files")
+        raise FieldError("{0} applies to one device kind; describe mixed hardware with {1} files", "set", "catalog")
     groups = parse_cluster(catalog, cluster)
     total = sum(c for _, c in groups)
     if n_gpus is not None and total != n_gpus:
-        raise ValueError(f"n_gpus {n_gpus} must equal the cluster total {total}")
+        raise FieldError(f"{{0}} {n_gpus} must equal the {{1}} total {total}", "n_gpus", "cluster")
     return cluster, groups[0][0], groups
 
 
@@ -150,7 +151,8 @@ def configure(
         from .cluster import check_plan, cluster_spec
 
         if cxl_expander or cxl_pool or cxl_p2p:
-            raise ValueError("cxl options apply to one device kind; describe a mix's tiers with catalog files")
+            message = "{0} options apply to one device kind; describe a mix's tiers with {1} files"
+            raise FieldError(message, "cxl", "catalog")
         check_plan(groups, dict(resolved), hetero)
         system = cluster_spec(groups, cat.links, hetero, list(layers_per_stage or ()) or None)
         mixed = _compiled("cluster")(m, system, plan_s, cal)

@@ -32,7 +32,7 @@ from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import memory
 from .terms._safe import safe_div
 from .types import HETERO_MODES as MODES
-from .types import MAX_GROUPS, Infeasible
+from .types import MAX_GROUPS, FieldError, Infeasible
 
 BIG = 1.0e30
 
@@ -229,8 +229,6 @@ def _totals(model, cluster, plan, sims, g_mem, terms, flags) -> Breakdown:
         power_W=jnp.sum(gpus * dev.tdp_W),
     )
     mem = _take(sims, g_mem)
-    hfu_ratio = safe_div(sims.hfu, sims.mfu, 1.0)[g_mem]
-    rates = dataclasses.replace(rates, hfu=rates.mfu * hfu_ratio)
     return dataclasses.replace(
         mem,
         step_time_s=step,
@@ -269,7 +267,7 @@ def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None) -> Cl
     fixed = np.zeros(MAX_GROUPS)
     if layers_fixed is not None:
         if len(layers_fixed) != len(groups) or any(int(x) <= 0 for x in layers_fixed):
-            raise ValueError("layers_per_stage needs one positive integer per cluster group")
+            raise FieldError("{0} needs one positive integer per {1} group", "layers_per_stage", "cluster")
         fixed[: len(groups)] = [float(x) for x in layers_fixed]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *systems)
     return ClusterSpec(

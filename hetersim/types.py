@@ -119,6 +119,21 @@ LEVEL_NAMES = ("scale-up", "intermediate", "scale-out")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
+class FieldError(ValueError):
+    """A one-line error about input fields: ``template`` names them as ``{0}``, ``{1}``, ...
+
+    ``str(error)`` names the fields as they are called in Python (``n_gpus``); an edge that
+    calls them otherwise (the CLI's ``--gpus``) formats :meth:`named` with its own names.
+    """
+
+    def __init__(self, template: str, *fields: str) -> None:
+        self.template, self.fields = template, fields
+        super().__init__(template.format(*fields))
+
+    def named(self, names: dict[str, str]) -> str:
+        return self.template.format(*(names.get(f, f) for f in self.fields))
+
+
 def code(options: tuple[str, ...], value: str, what: str) -> int:
     """Return the integer code of ``value`` or raise a one-line ``ValueError``."""
     try:

@@ -109,7 +109,7 @@ def test_bad_cluster_input(catalog):
         catalog.gpu("h999")
     with pytest.raises(ValueError, match="positive integer"):
         cluster_spec([(catalog.gpu("h100-sxm-80gb"), 0)], catalog.links)
-    with pytest.raises(ValueError, match="--hetero must be one of"):
+    with pytest.raises(ValueError, match="^hetero must be one of"):
         cluster_spec([(catalog.gpu("h100-sxm-80gb"), 8)], catalog.links, mode="tensor")
     with pytest.raises(ValueError, match="cannot span two device kinds"):
         check_plan(
