@@ -55,7 +55,7 @@ def user_errors(fn: F) -> F:
 
 def _calibration():
     """The stored calibration constants (``hetersim/catalog/calibration.toml``)."""
-    from hetersim.calibration import as_spec, load_calibration
+    from hetersim.fit.calibration import as_spec, load_calibration
 
     return as_spec(load_calibration())
 
@@ -390,17 +390,18 @@ def validate_cmd(
     ),
 ) -> None:
     """Predict published training runs and report the step-time error."""
-    from hetersim import validation
-    from hetersim.stacks import load_stacks
+    from hetersim.fit import validation
+    from hetersim.fit.runs import default_runs_path, read_runs
+    from hetersim.fit.stacks import load_stacks
 
     if worst < 0:
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
     catalog = load_catalog(catalog_files)
-    path = runs or validation.default_runs_path()
-    rows = validation.read_runs(path, load_stacks(stacks_file))
+    path = runs or default_runs_path()
+    rows = read_runs(path, load_stacks(stacks_file))
     validate_memory = getattr(validation, "validate_memory", None)
     if memory is not None and validate_memory is None:
-        raise ValueError("--memory: this version has no memory validation (hetersim.validation.validate_memory)")
+        raise ValueError("--memory: this version has no memory validation (hetersim.fit.validation.validate_memory)")
     cal = _calibration()
     report = validation.validate(rows, catalog, cal, path=str(path))
     memory_report = validate_memory(memory, catalog, cal) if memory is not None else None
@@ -461,7 +462,7 @@ def calibrate_cmd(
     ),
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
-    from hetersim import calibration
+    from hetersim.fit import calibration
 
     _positive("--steps", steps)
     if cross_validate:

@@ -24,8 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .build import calibration_spec
-from .specs import Calibration
+from ..build import calibration_spec
+from ..catalog import load_catalog
+from ..specs import Calibration
+from . import runs, validation
 
 # name: (lower, upper, unit / meaning)
 BOUNDS: dict[str, tuple[float, float, str]] = {
@@ -179,23 +181,18 @@ class _Problem:
     labels: np.ndarray
 
     def predict(self, cal: Calibration):
-        from . import validation
-
         out = validation.predict(self.prep, cal)
         return out.step_time_s, out.infeasible
 
 
 def _problem(runs_path, catalog, start: Mapping[str, float]) -> _Problem:
-    from . import validation
-    from .catalog import load_catalog
-
     catalog = catalog or load_catalog()
-    path = Path(runs_path) if runs_path else validation.default_runs_path()
-    rows = validation.read_runs(path)
+    path = Path(runs_path) if runs_path else runs.default_runs_path()
+    rows = runs.read_runs(path)
     cal0 = as_spec(start)
     prep = validation.prepare(rows, catalog, cal0, str(path))
     feasible = np.asarray(validation.predict(prep, cal0).infeasible) == 0
-    labels = np.array([validation.source_label(r.source) for r in rows])
+    labels = np.array([runs.source_label(r.source) for r in rows])
     return _Problem(catalog, path, rows, prep, cal0, feasible, labels)
 
 
@@ -211,8 +208,6 @@ def calibrate(
     count as 100% error in ``validate`` whatever the constants). Returns the fitted values, the
     loss history and the validation summaries before and after.
     """
-    from . import validation
-
     start = dict(start or load_calibration())
     pb = _problem(runs_path, catalog, start)
     weights = source_weights(pb.labels, pb.feasible)
