@@ -3,12 +3,14 @@
 * :mod:`~hetersim.fit.runs`: the published-runs CSV read and checked, each row as model inputs;
 * :mod:`~hetersim.fit.stacks`: software-stack facts matched to a run by its source;
 * :mod:`~hetersim.fit.validation`: predict every run in one vmapped call and report the error;
-* :mod:`~hetersim.fit.calibration`: the stored global constants and their fit by gradient descent.
+* :mod:`~hetersim.fit.calibration`: the stored global constants and their fit by gradient descent;
+* :mod:`~hetersim.fit.adam`: the Adam loop the fit and ``dse``'s hardware tuning share.
 
 The model itself (``hetersim.simulate`` and the specs it takes) never imports this package; this is
 the one place in ``hetersim`` that compiles with ``jax.jit``.
 """
 
+from .adam import AdamResult, adam
 from .calibration import (
     BOUNDS,
     as_spec,
@@ -27,9 +29,11 @@ from .validation import Prepared, default_memory_path, predict, prepare, summari
 __all__ = [
     "BOUNDS",
     "REQUIRED_COLUMNS",
+    "AdamResult",
     "Prepared",
     "Row",
     "Stack",
+    "adam",
     "as_spec",
     "calibrate",
     "calibration_path",
