@@ -147,6 +147,27 @@ def _positive(what: str, value: float) -> float:
     return value
 
 
+class _Tiers:
+    """The [N_TIERS] arrays of a :class:`HostSpec`, filled one tier at a time (HBM: present)."""
+
+    def __init__(self) -> None:
+        self.present = np.zeros(N_TIERS)
+        self.cap = np.zeros(N_TIERS)
+        self.path = np.ones(N_TIERS)
+        self.node = np.ones(N_TIERS)
+        self.shared = np.zeros(N_TIERS)
+        self.hosts = np.ones(N_TIERS)
+        self.write = np.ones(N_TIERS)
+        self.cpu = np.ones(N_TIERS)
+        self.lat = np.zeros(N_TIERS)
+        self.present[0] = 1.0
+
+    def set(self, tier: int, **values: float) -> None:
+        self.present[tier] = 1.0
+        for name, value in values.items():
+            getattr(self, name)[tier] = value
+
+
 def host_spec(
     gpu: Mapping[str, Any],
     links: Mapping[str, Mapping[str, Any]],
@@ -168,21 +189,35 @@ def host_spec(
     cxl_p2p = bool(cxl_p2p if cxl_p2p is not None else gpu.get("cxl_p2p", False))
     n_gpus = float(gpu.get("gpus_per_node", 8))
 
-    present = np.zeros(N_TIERS)
-    cap = np.zeros(N_TIERS)
-    path = np.ones(N_TIERS)
-    node = np.ones(N_TIERS)
-    shared = np.zeros(N_TIERS)
-    hosts = np.ones(N_TIERS)
-    write = np.ones(N_TIERS)
-    cpu = np.ones(N_TIERS)
-    lat = np.zeros(N_TIERS)
-    present[0] = 1.0
-
-    # Host DRAM: each GPU's own host link; the node's GPUs share the upstream links of their PCIe
-    # switches (gpus_per_host_link GPUs each) and the DRAM channels, unless a measured aggregate
-    # (host_path_GBps) is known.
+    t = _Tiers()
     gpu_link = _link_bw(links, gpu["host_link"])
+    host_path = _add_host_dram(t, gpu, memory, n_gpus, gpu_link)
+    if cxl_expander:
+        _add_expander(t, cxl_expander, gpu, links, memory, gpu_link, host_path, cxl_p2p)
+    if cxl_pool:
+        _add_pool(t, cxl_pool, gpu, links, memory, gpu_link, host_path, cxl_p2p, n_gpus)
+
+    return as_arrays(
+        HostSpec(
+            gpus_per_node=n_gpus,
+            tier_present=t.present,
+            tier_capacity_GiB=t.cap,
+            tier_path_GBps=t.path,
+            tier_latency_ns=t.lat,
+            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
+            tier_node_GBps=t.node,
+            tier_shared_GBps=t.shared,
+            tier_hosts=t.hosts,
+            tier_write_eff=t.write,
+            tier_cpu_GBps=t.cpu,
+        )
+    )
+
+
+def _add_host_dram(t: _Tiers, gpu: Mapping[str, Any], memory, n_gpus: float, gpu_link: float) -> float:
+    """Host DRAM: each GPU's own host link; the node's GPUs share the upstream links of their PCIe
+    switches (gpus_per_host_link GPUs each) and the DRAM channels, unless a measured aggregate
+    (host_path_GBps) is known. Returns the node's path into the host, GB/s."""
     channel_key = gpu.get("host_dram_channel", DEFAULT_DRAM_CHANNEL)
     channel = memory.get(channel_key)
     if channel is None or channel.get("kind") != "dram":
@@ -192,58 +227,53 @@ def host_spec(
     per_uplink = float(gpu.get("gpus_per_host_link", 1))
     shared_uplinks = n_gpus / per_uplink * gpu_link if per_uplink > 1 else dram_bw
     host_path = float(gpu.get("host_path_GBps", min(shared_uplinks, dram_bw)))
-    present[HOST_DRAM] = 1.0
-    cap[HOST_DRAM] = _positive("host_dram_GiB", float(gpu.get("host_dram_GiB", 1024.0)))
-    path[HOST_DRAM] = gpu_link
-    node[HOST_DRAM] = host_path
-    write[HOST_DRAM] = DRAM_WRITE_EFF
-    cpu[HOST_DRAM] = dram_bw
-    lat[HOST_DRAM] = float(channel["latency_ns"])
+    t.set(
+        HOST_DRAM,
+        cap=_positive("host_dram_GiB", float(gpu.get("host_dram_GiB", 1024.0))),
+        path=gpu_link,
+        node=host_path,
+        write=DRAM_WRITE_EFF,
+        cpu=dram_bw,
+        lat=float(channel["latency_ns"]),
+    )
+    return host_path
 
-    if cxl_expander:
-        key, count = parse_expander(cxl_expander)
-        dev = _with_bw(memory[resolve_device(memory, key, "cxl-expander", "--cxl-expander")], gpu, "cxl_expander_GBps")
-        bw = count * _device_bw(dev, links)
-        present[CXL_EXPANDER] = 1.0
-        cap[CXL_EXPANDER] = _positive(f"--cxl-expander {key} capacity_GiB", count * float(dev["capacity_GiB"]))
-        path[CXL_EXPANDER] = gpu_link
-        node[CXL_EXPANDER] = bw if cxl_p2p else min(host_path, bw)
-        write[CXL_EXPANDER] = CXL_WRITE_EFF
-        cpu[CXL_EXPANDER] = bw
-        lat[CXL_EXPANDER] = float(dev["latency_ns"])
 
-    if cxl_pool:
-        key, n_hosts, levels = parse_pool(cxl_pool)
-        dev = _with_bw(memory[resolve_device(memory, key, "cxl-pool", "--cxl-pool")], gpu, "cxl_pool_GBps")
-        # CXL 2.0 switches have one level; several levels (and peer-to-peer GPU access) are CXL 3.x.
-        switch = memory[CXL3_SWITCH if (levels > 1 or cxl_p2p) else CXL2_SWITCH]
-        port = _link_bw(links, switch["link"]) if switch.get("link") else float(switch["bw_GBps"])
-        present[CXL_POOL] = 1.0
-        cap[CXL_POOL] = _positive(f"--cxl-pool {key} capacity_GiB", float(dev["capacity_GiB"]))
-        path[CXL_POOL] = gpu_link
+def _add_expander(t: _Tiers, option: str, gpu, links, memory, gpu_link: float, host_path: float, p2p: bool) -> None:
+    """CXL expanders on the host: the GPU's path into the host, then the expanders' own links."""
+    key, count = parse_expander(option)
+    dev = _with_bw(memory[resolve_device(memory, key, "cxl-expander", "--cxl-expander")], gpu, "cxl_expander_GBps")
+    bw = count * _device_bw(dev, links)
+    t.set(
+        CXL_EXPANDER,
+        cap=_positive(f"--cxl-expander {key} capacity_GiB", count * float(dev["capacity_GiB"])),
+        path=gpu_link,
+        node=bw if p2p else min(host_path, bw),
+        write=CXL_WRITE_EFF,
+        cpu=bw,
+        lat=float(dev["latency_ns"]),
+    )
+
+
+def _add_pool(t: _Tiers, option: str, gpu, links, memory, gpu_link, host_path, p2p: bool, n_gpus: float) -> None:
+    """A CXL pool behind a switch, shared by ``n_hosts`` hosts."""
+    key, n_hosts, levels = parse_pool(option)
+    dev = _with_bw(memory[resolve_device(memory, key, "cxl-pool", "--cxl-pool")], gpu, "cxl_pool_GBps")
+    # CXL 2.0 switches have one level; several levels (and peer-to-peer GPU access) are CXL 3.x.
+    switch = memory[CXL3_SWITCH if (levels > 1 or p2p) else CXL2_SWITCH]
+    port = _link_bw(links, switch["link"]) if switch.get("link") else float(switch["bw_GBps"])
+    t.set(
+        CXL_POOL,
+        cap=_positive(f"--cxl-pool {key} capacity_GiB", float(dev["capacity_GiB"])),
+        path=gpu_link,
         # Peer-to-peer every GPU has its own fabric port; through the host, the node has one.
-        node[CXL_POOL] = n_gpus * gpu_link if cxl_p2p else min(host_path, port)
-        shared[CXL_POOL] = _device_bw(dev, links)
-        hosts[CXL_POOL] = float(n_hosts)
-        write[CXL_POOL] = CXL_WRITE_EFF
-        cpu[CXL_POOL] = port
+        node=n_gpus * gpu_link if p2p else min(host_path, port),
+        shared=_device_bw(dev, links),
+        hosts=float(n_hosts),
+        write=CXL_WRITE_EFF,
+        cpu=port,
         # The pool's latency is measured through its own switch; every further level adds a hop.
-        lat[CXL_POOL] = float(dev["latency_ns"]) + (levels - 1) * float(switch["latency_ns"])
-
-    return as_arrays(
-        HostSpec(
-            gpus_per_node=n_gpus,
-            tier_present=present,
-            tier_capacity_GiB=cap,
-            tier_path_GBps=path,
-            tier_latency_ns=lat,
-            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
-            tier_node_GBps=node,
-            tier_shared_GBps=shared,
-            tier_hosts=hosts,
-            tier_write_eff=write,
-            tier_cpu_GBps=cpu,
-        )
+        lat=float(dev["latency_ns"]) + (levels - 1) * float(switch["latency_ns"]),
     )
 
 
