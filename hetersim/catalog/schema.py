@@ -125,7 +125,7 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "nic": _link_ref("scaleout"),
         "nics_per_gpu": _POSITIVE,
         "tdp_W": _POSITIVE,
-        "price_usd": _POSITIVE,
+        "price_usd": _POSITIVE.optional(),  # capex per GPU: listed and cited, not read by the model
         "price_usd_per_hour": _POSITIVE,
         # Optional, read by hetersim.build when present:
         "attn_eff_fwd": _FRACTION.optional(),  # flash-attention forward TFLOP/s / bf16 dense peak

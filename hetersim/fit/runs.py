@@ -22,6 +22,7 @@ from typing import Any
 from .. import build
 from ..terms.flops import megatron_flops_per_token
 from ..types import ATTENTION
+from ..units import TFLOP
 from .stacks import Stack, load_stacks, stack_for
 
 REQUIRED_COLUMNS = (
@@ -202,7 +203,7 @@ def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs") -> tupl
         model = build.model_spec(inputs["model"])
         full = plan["recompute"] == "full" and row.fields["flops_accounting"].strip() == "hardware"
         flops = float(megatron_flops_per_token(model, plan["seq_len"], full)) * tokens
-        peak = float(inputs["gpu"]["peak_tflops_bf16"]) * 1e12
+        peak = float(inputs["gpu"]["peak_tflops_bf16"]) * TFLOP
         return flops / (mfu * peak * plan["n_gpus"]), "mfu"
     raise ValueError(f"{path}: row {row.id}: no measured step time, tokens/s or MFU")
 

@@ -13,7 +13,9 @@ GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2
 GRAD_BYTES_DIST_OPT = 2.0  # Megatron's distributed optimizer keeps its grad buffer in the parameter
 # dtype by default (DistributedDataParallelConfig.grad_reduce_in_fp32 = False)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights, Adam m and v
-RUNTIME_RESERVED_GiB = 1.5  # CUDA context, cuBLAS workspace, NCCL channel buffers (see calibration.toml)
+# CUDA context, cuBLAS workspace, NCCL channel buffers. An estimate: neither fitted (calibration.toml
+# holds only the constants of hetersim.fit.calibration.BOUNDS) nor measured in this repository.
+RUNTIME_RESERVED_GiB = 1.5
 
 # Indices of OFFLOAD_STATE in Plan.offload_tier_code.
 OPT, GRAD, PARAM, ACT = 0, 1, 2, 3

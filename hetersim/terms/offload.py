@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from ..pytree import spec
 from ..specs import HostSpec, ModelSpec, Plan
 from ..types import N_TIERS
-from ..units import GB
+from ..units import GB, GIGA
 from . import memory
 from ._safe import pos, safe_div
 from .flops import layer_params
@@ -239,7 +239,7 @@ def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads,
     node_params = opt_params * gpus_sharing(host, plan)
     cpu_bw = cpu_bandwidth(host)
     grads_at = jnp.where(on_g, t_g, t_o)
-    cpu_rate = host.cpu_adam_Gparams_per_s * 1e9
+    cpu_rate = host.cpu_adam_Gparams_per_s * GIGA
     update = jnp.maximum(safe_div(node_params, cpu_rate), safe_div(node_params * CPU_ADAM_TIER_BYTES, cpu_bw[t_o]))
     cpu_s = update + safe_div(node_params * CPU_GRAD_PASS_BYTES, cpu_bw[grads_at])
     # Updated 16-bit parameters return to the GPU while the CPU works; with the parameters on a
