@@ -9,6 +9,7 @@ imported inside the commands so that ``--help`` stays fast.
 from __future__ import annotations
 
 import functools
+import re
 import tomllib
 from collections.abc import Callable
 from enum import StrEnum
@@ -94,6 +95,16 @@ def _with_flag(error: ValueError) -> ValueError:
         if text.startswith(name + " "):
             return ValueError(PLAN_FLAGS[name] + text[len(name) :])
     return error
+
+
+# hetersim.tiers names the host_spec argument / GPU-entry field wherever its message mentions one.
+TIER_FLAGS = {name: "--" + name.replace("_", "-") for name in ("cxl_expander", "cxl_pool", "cxl_p2p", "offload")}
+_TIER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
+
+
+def _with_tier_flags(error: ValueError) -> ValueError:
+    """Rename the tier fields a system_spec / check_offload message names to the CLI flags."""
+    return ValueError(_TIER_FIELD.sub(lambda m: TIER_FLAGS[m[1]], str(error)))
 
 
 def _positive(flag: str, value: int | float | None) -> None:
@@ -286,8 +297,11 @@ def configuration(
         from hetersim import tiers
 
         cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
-        system = build.system_spec(gpu_entry, catalog.links, memory=catalog.memory, **cxl)
-        tiers.check_offload(system.host, plan["offload"])
+        try:
+            system = build.system_spec(gpu_entry, catalog.links, memory=catalog.memory, **cxl)
+            tiers.check_offload(system.host, plan["offload"])
+        except ValueError as error:
+            raise _with_tier_flags(error) from None
         specs = (build.model_spec(model_entry), system, plan_s, _calibration())
         out = _simulate()(*specs)
     if plan["dp"] is None:
