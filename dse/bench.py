@@ -19,8 +19,8 @@ import numpy as np
 
 from dse.sweep import DEFAULT_CHUNK, Space, evaluate_chunk, layout_rows
 from hetersim import build
-from hetersim.calibration import load_calibration
 from hetersim.catalog import load_catalog
+from hetersim.fit.calibration import load_calibration
 from hetersim.simulate import simulate
 from hetersim.types import PRECISION, RECOMPUTE
 

@@ -9,6 +9,7 @@ imported inside the commands so that ``--help`` stays fast.
 from __future__ import annotations
 
 import functools
+import re
 import tomllib
 from collections.abc import Callable
 from enum import StrEnum
@@ -75,16 +76,21 @@ FIELD_FLAGS = {
 }
 
 
+TIER_FLAGS = {name: "--" + name.replace("_", "-") for name in ("cxl_expander", "cxl_pool", "cxl_p2p", "offload")}
+_TIER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
+
+
 def _with_flag(error: ValueError) -> ValueError:
-    """Rename the fields of a message to the CLI flags that set them (a field at the start of a
-    plain message, every field of a :class:`hetersim.types.FieldError`)."""
+    """Rename the fields of a message to the CLI flags that set them: every field of a
+    :class:`hetersim.types.FieldError`, else a field at the start of the message and the tier
+    fields (``cxl_pool``, ...) wherever they stand."""
     if isinstance(error, FieldError):
         return ValueError(error.named(FIELD_FLAGS))
-    text = str(error)
+    text = _TIER_FIELD.sub(lambda m: TIER_FLAGS[m[1]], str(error))
     for name in sorted(FIELD_FLAGS, key=len, reverse=True):
         if text.startswith(name + " ") or text.startswith(name + ":"):
             return ValueError(FIELD_FLAGS[name] + text[len(name) :])
-    return error
+    return ValueError(text)
 
 
 def _positive(flag: str, value: int | float | None) -> None:
@@ -284,17 +290,18 @@ def validate_cmd(
     ),
 ) -> None:
     """Predict published training runs and report the step-time error."""
-    from hetersim import validation
-    from hetersim.stacks import load_stacks
+    from hetersim.fit import validation
+    from hetersim.fit.runs import default_runs_path, read_runs
+    from hetersim.fit.stacks import load_stacks
 
     if worst < 0:
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
     catalog = load_catalog(catalog_files)
-    path = runs or validation.default_runs_path()
-    rows = validation.read_runs(path, load_stacks(stacks_file))
+    path = runs or default_runs_path()
+    rows = read_runs(path, load_stacks(stacks_file))
     validate_memory = getattr(validation, "validate_memory", None)
     if memory is not None and validate_memory is None:
-        raise ValueError("--memory: this version has no memory validation (hetersim.validation.validate_memory)")
+        raise ValueError("--memory: this version has no memory validation (hetersim.fit.validation.validate_memory)")
     from hetersim.api import default_calibration
 
     cal = default_calibration()
@@ -357,7 +364,7 @@ def calibrate_cmd(
     ),
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
-    from hetersim import calibration
+    from hetersim.fit import calibration
 
     _positive("--steps", steps)
     if cross_validate:

@@ -1,7 +1,7 @@
 """How the CLI shows answers: plain dicts for ``--json``, rich tables for people.
 
 Nothing here computes a metric; it only names, converts and lays out what
-:func:`hetersim.simulate.simulate` and :func:`hetersim.validation.validate` return.
+:func:`hetersim.simulate.simulate` and :func:`hetersim.fit.validation.validate` return.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from dse.search_space import SearchSpace
 from dse.study import CATEGORICAL, PLAN_AXES, Study
 from dse.sweep import FIXED_FIELDS, columns_plan, space_from_study
 from hetersim import build
-from hetersim.calibration import load_calibration
 from hetersim.cluster import ClusterSpec, simulate_cluster
+from hetersim.fit.calibration import load_calibration
 from hetersim.simulate import simulate
 from hetersim.specs import Calibration
 

@@ -632,9 +632,8 @@ def pareto_table(r: Results, records: list[dict[str, Any]]) -> str:
 
 def validation_summary() -> dict[str, Any]:
     """The model's step-time error against the published runs (``hetersim validate``)."""
-    from hetersim.calibration import as_spec, load_calibration
     from hetersim.catalog import load_catalog
-    from hetersim.validation import default_runs_path, read_runs, validate
+    from hetersim.fit import as_spec, default_runs_path, load_calibration, read_runs, validate
 
     report = validate(read_runs(default_runs_path()), load_catalog(), as_spec(load_calibration()))
     return {k: v for k, v in report.items() if k != "rows"}

@@ -10,7 +10,8 @@ change of the parameter.
 
 :func:`tune_continuous` minimises time or cost to train over a box of parameter values: each
 parameter is ``low + (high - low) * sigmoid(z)`` (the box constraint as a reparametrisation) and
-Adam descends ``log(objective)`` in ``z``, keeping the best point it visits. A price model makes
+Adam (:func:`hetersim.fit.adam.adam`, the loop the calibration fit runs too) descends
+``log(objective)`` in ``z``, keeping the best point it visits. A price model makes
 the trade-off real: faster hardware costs more per GPU-hour. :func:`grid_continuous` evaluates a
 fine grid of the same box, vectorized, as the reference.
 """
@@ -28,6 +29,7 @@ import numpy as np
 
 from dse import hw_params
 from dse.metrics import METRICS
+from hetersim.fit.adam import adam
 from hetersim.simulate import simulate
 from hetersim.specs import Calibration, ModelSpec, Plan, SystemSpec
 
@@ -207,22 +209,7 @@ def tune_continuous(
 
     @jax.jit
     def run(z0):
-        def step(carry, t):
-            z, m, v, best_z, best = carry
-            value, g = jax.value_and_grad(loss)(z)
-            better = value < best
-            best_z = jnp.where(better, z, best_z)
-            best = jnp.where(better, value, best)
-            m = 0.9 * m + 0.1 * g
-            v = 0.999 * v + 0.001 * g * g
-            mh = m / (1.0 - 0.9 ** (t + 1.0))
-            vh = v / (1.0 - 0.999 ** (t + 1.0))
-            z = z - lr * mh / (jnp.sqrt(vh) + 1e-8)
-            return (z, m, v, best_z, best), value
-
-        zeros = jnp.zeros_like(z0)
-        init = (z0, zeros, zeros, z0, jnp.inf)
-        (z, _, _, best_z, best), history = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.float32))
+        z, best_z, best, history = adam(jax.value_and_grad(loss), z0, steps, lr, corrections="float32")
         last = loss(z)
         best_z = jnp.where(last < best, z, best_z)
         x = to_x(best_z)

@@ -43,8 +43,8 @@ from dse.metrics import DERIVED, METRICS, constraint_metric
 from dse.pareto import pareto_mask
 from dse.study import CATEGORICAL, PLAN_AXES, Study, load_study
 from hetersim import build
-from hetersim.calibration import load_calibration
 from hetersim.cluster import ClusterSpec, cluster_spec, simulate_cluster
+from hetersim.fit.calibration import load_calibration
 from hetersim.simulate import simulate
 from hetersim.specs import Calibration, ModelSpec, Plan, SystemSpec
 from hetersim.types import Infeasible

@@ -50,7 +50,7 @@ def _compiled(name: str):
 
 def default_calibration():
     """The stored calibration constants (``hetersim/catalog/calibration.toml``) as a spec."""
-    from .calibration import as_spec, load_calibration
+    from .fit.calibration import as_spec, load_calibration
 
     return as_spec(load_calibration())
 

@@ -35,6 +35,7 @@ from .types import HETERO_MODES as MODES
 from .types import MAX_GROUPS, FieldError, Infeasible
 
 BIG = 1.0e30
+PIPELINE = MODES.index("pipeline")  # mode_code of stages on kinds; the other is data-parallel replicas
 
 
 @spec
@@ -101,7 +102,7 @@ def simulate_cluster(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cal: Ca
     """One configuration of a mixed cluster in, its breakdown out (pure; batch with vmap)."""
     gpus = cluster.gpus
     present = gpus > 0
-    per_stage = plan.tp * plan.cp * jnp.where(cluster.mode_code == 0, plan.dp, plan.pp)
+    per_stage = plan.tp * plan.cp * jnp.where(cluster.mode_code == PIPELINE, plan.dp, plan.pp)
     units = jnp.where(present, safe_div(gpus, per_stage), 0.0)  # stages or replicas per group
     units_ok = jnp.all(jnp.abs(units - jnp.round(units)) < 1e-6)
     n_gpus_ok = jnp.abs(jnp.sum(gpus) - plan.n_gpus) < 0.5
@@ -111,7 +112,7 @@ def simulate_cluster(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cal: Ca
     cost = layer_time(lc)
     p2p = jax.vmap(p2p_chunk_s, in_axes=(None, 0, None, None))(model, cluster.systems, plan, cal)
     out = jax.lax.cond(
-        cluster.mode_code == 0,
+        cluster.mode_code == PIPELINE,
         lambda: _pipeline(model, cluster, plan, cal, units, lc, cost, p2p),
         lambda: _data(model, cluster, plan, cal, units, lc, cost),
     )

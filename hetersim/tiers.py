@@ -4,20 +4,21 @@ A node's GPUs reach three tiers beyond their HBM (``hetersim.types.TIER``):
 
 * **host DRAM**, over each GPU's own host link (PCIe or NVLink-C2C), through the root ports the
   node's GPUs share, into the DRAM channels of the sockets;
-* **CXL Type-3 expanders** attached to the host (``--cxl-expander micron-cz120:2``): the same GPU
+* **CXL Type-3 expanders** attached to the host (``cxl_expander="micron-cz120:2"``): the same GPU
   path into the host, then the expanders' own CXL links and media;
 * **a CXL memory pool** behind a CXL switch, shared by several hosts
-  (``--cxl-pool samsung-cmm-b-pool:4hosts[:LEVELS]``): the host's switch port, one or more switch
+  (``cxl_pool="samsung-cmm-b-pool:4hosts[:LEVELS]"``): the host's switch port, one or more switch
   levels (each adds a hop of latency) and the pool's bandwidth and capacity, both shared by the
   hosts that use it.
 
-``--cxl-p2p`` is the CXL 3.x what-if: GPUs reach the CXL tiers peer-to-peer through the fabric,
+``cxl_p2p`` is the CXL 3.x what-if: GPUs reach the CXL tiers peer-to-peer through the fabric,
 so the host's root ports and its switch port drop out of the path.
 
 This module turns those options into the fixed-size tier arrays of :class:`HostSpec`; the
 traced cost of moving state over them is :mod:`hetersim.terms.offload`. Nothing here is traced:
 bad input is a one-line ``ValueError`` (unknown device, a device of the wrong kind, a count or
-capacity that is not positive, an offload to a tier the node lacks).
+capacity that is not positive, an offload to a tier the node lacks) that names the argument or
+catalog field (``cxl_expander``, ``cxl_pool``, ``offload``); the CLI shows its flag instead.
 
 Measured figures this module uses, all from ``hetersim/data/offload_components.csv``:
 
@@ -75,28 +76,29 @@ def parse_expander(text: str) -> tuple[str, int]:
     """``"micron-cz120:2"`` -> ``("micron-cz120", 2)``: CXL expanders per node."""
     m = _EXPANDER_RE.match(text.strip())
     if not m:
-        raise ValueError(f"--cxl-expander expects DEVICE:COUNT (e.g. micron-cz120:2); got {text!r}")
-    return m["device"].strip(), _count("--cxl-expander COUNT", m["count"].strip(), text)
+        raise ValueError(f"cxl_expander expects DEVICE:COUNT (e.g. micron-cz120:2); got {text!r}")
+    return m["device"].strip(), _count("cxl_expander COUNT", m["count"].strip(), text)
 
 
 def parse_pool(text: str) -> tuple[str, int, int]:
     """``"cmm-b:4hosts"`` or ``"cmm-b:4hosts:2"`` -> ``(device, hosts, switch levels)``."""
     m = _POOL_RE.match(text.strip())
     if not m:
-        raise ValueError(f"--cxl-pool expects DEVICE:NHOSTS[:LEVELS] (e.g. samsung-cmm-b-pool:4hosts); got {text!r}")
-    hosts = _count("--cxl-pool NHOSTS", m["hosts"].strip(), text)
-    levels = _count("--cxl-pool LEVELS", m["levels"].strip(), text) if m["levels"] else 1
+        raise ValueError(f"cxl_pool expects DEVICE:NHOSTS[:LEVELS] (e.g. samsung-cmm-b-pool:4hosts); got {text!r}")
+    hosts = _count("cxl_pool NHOSTS", m["hosts"].strip(), text)
+    levels = _count("cxl_pool LEVELS", m["levels"].strip(), text) if m["levels"] else 1
     return m["device"].strip(), hosts, levels
 
 
-def resolve_device(memory: Mapping[str, Mapping[str, Any]], name: str, kind: str, flag: str) -> str:
+def resolve_device(memory: Mapping[str, Mapping[str, Any]], name: str, kind: str, field: str) -> str:
     """The memory-catalog key ``name`` stands for: the key itself, or the one key of that kind
-    that contains it as whole dash-separated words (``cmm-b`` -> ``samsung-cmm-b-pool``)."""
+    that contains it as whole dash-separated words (``cmm-b`` -> ``samsung-cmm-b-pool``); errors
+    name ``field``, the option that gave it."""
     of_kind = sorted(k for k, e in memory.items() if e.get("kind") == kind)
     if name in memory:
         if memory[name].get("kind") != kind:
             raise ValueError(
-                f"{flag}: {name!r} is a {memory[name].get('kind')}, not a {kind}; known: {', '.join(of_kind)}"
+                f"{field}: {name!r} is a {memory[name].get('kind')}, not a {kind}; known: {', '.join(of_kind)}"
             )
         return name
     words = re.compile(rf"(^|-){re.escape(name)}(-|$)")
@@ -104,7 +106,7 @@ def resolve_device(memory: Mapping[str, Mapping[str, Any]], name: str, kind: str
     if len(hits) == 1:
         return hits[0]
     what = "ambiguous" if hits else "unknown"
-    raise ValueError(f"{flag}: {what} {kind} {name!r}; known: {', '.join(of_kind)}")
+    raise ValueError(f"{field}: {what} {kind} {name!r}; known: {', '.join(of_kind)}")
 
 
 @functools.cache
@@ -147,6 +149,27 @@ def _positive(what: str, value: float) -> float:
     return value
 
 
+class _Tiers:
+    """The [N_TIERS] arrays of a :class:`HostSpec`, filled one tier at a time (HBM: present)."""
+
+    def __init__(self) -> None:
+        self.present = np.zeros(N_TIERS)
+        self.cap = np.zeros(N_TIERS)
+        self.path = np.ones(N_TIERS)
+        self.node = np.ones(N_TIERS)
+        self.shared = np.zeros(N_TIERS)
+        self.hosts = np.ones(N_TIERS)
+        self.write = np.ones(N_TIERS)
+        self.cpu = np.ones(N_TIERS)
+        self.lat = np.zeros(N_TIERS)
+        self.present[0] = 1.0
+
+    def set(self, tier: int, **values: float) -> None:
+        self.present[tier] = 1.0
+        for name, value in values.items():
+            getattr(self, name)[tier] = value
+
+
 def host_spec(
     gpu: Mapping[str, Any],
     links: Mapping[str, Mapping[str, Any]],
@@ -168,21 +191,35 @@ def host_spec(
     cxl_p2p = bool(cxl_p2p if cxl_p2p is not None else gpu.get("cxl_p2p", False))
     n_gpus = float(gpu.get("gpus_per_node", 8))
 
-    present = np.zeros(N_TIERS)
-    cap = np.zeros(N_TIERS)
-    path = np.ones(N_TIERS)
-    node = np.ones(N_TIERS)
-    shared = np.zeros(N_TIERS)
-    hosts = np.ones(N_TIERS)
-    write = np.ones(N_TIERS)
-    cpu = np.ones(N_TIERS)
-    lat = np.zeros(N_TIERS)
-    present[0] = 1.0
-
-    # Host DRAM: each GPU's own host link; the node's GPUs share the upstream links of their PCIe
-    # switches (gpus_per_host_link GPUs each) and the DRAM channels, unless a measured aggregate
-    # (host_path_GBps) is known.
+    t = _Tiers()
     gpu_link = _link_bw(links, gpu["host_link"])
+    host_path = _add_host_dram(t, gpu, memory, n_gpus, gpu_link)
+    if cxl_expander:
+        _add_expander(t, cxl_expander, gpu, links, memory, gpu_link, host_path, cxl_p2p)
+    if cxl_pool:
+        _add_pool(t, cxl_pool, gpu, links, memory, gpu_link, host_path, cxl_p2p, n_gpus)
+
+    return as_arrays(
+        HostSpec(
+            gpus_per_node=n_gpus,
+            tier_present=t.present,
+            tier_capacity_GiB=t.cap,
+            tier_path_GBps=t.path,
+            tier_latency_ns=t.lat,
+            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
+            tier_node_GBps=t.node,
+            tier_shared_GBps=t.shared,
+            tier_hosts=t.hosts,
+            tier_write_eff=t.write,
+            tier_cpu_GBps=t.cpu,
+        )
+    )
+
+
+def _add_host_dram(t: _Tiers, gpu: Mapping[str, Any], memory, n_gpus: float, gpu_link: float) -> float:
+    """Host DRAM: each GPU's own host link; the node's GPUs share the upstream links of their PCIe
+    switches (gpus_per_host_link GPUs each) and the DRAM channels, unless a measured aggregate
+    (host_path_GBps) is known. Returns the node's path into the host, GB/s."""
     channel_key = gpu.get("host_dram_channel", DEFAULT_DRAM_CHANNEL)
     channel = memory.get(channel_key)
     if channel is None or channel.get("kind") != "dram":
@@ -192,62 +229,57 @@ def host_spec(
     per_uplink = float(gpu.get("gpus_per_host_link", 1))
     shared_uplinks = n_gpus / per_uplink * gpu_link if per_uplink > 1 else dram_bw
     host_path = float(gpu.get("host_path_GBps", min(shared_uplinks, dram_bw)))
-    present[HOST_DRAM] = 1.0
-    cap[HOST_DRAM] = _positive("host_dram_GiB", float(gpu.get("host_dram_GiB", 1024.0)))
-    path[HOST_DRAM] = gpu_link
-    node[HOST_DRAM] = host_path
-    write[HOST_DRAM] = DRAM_WRITE_EFF
-    cpu[HOST_DRAM] = dram_bw
-    lat[HOST_DRAM] = float(channel["latency_ns"])
+    t.set(
+        HOST_DRAM,
+        cap=_positive("host_dram_GiB", float(gpu.get("host_dram_GiB", 1024.0))),
+        path=gpu_link,
+        node=host_path,
+        write=DRAM_WRITE_EFF,
+        cpu=dram_bw,
+        lat=float(channel["latency_ns"]),
+    )
+    return host_path
 
-    if cxl_expander:
-        key, count = parse_expander(cxl_expander)
-        dev = _with_bw(memory[resolve_device(memory, key, "cxl-expander", "--cxl-expander")], gpu, "cxl_expander_GBps")
-        bw = count * _device_bw(dev, links)
-        present[CXL_EXPANDER] = 1.0
-        cap[CXL_EXPANDER] = _positive(f"--cxl-expander {key} capacity_GiB", count * float(dev["capacity_GiB"]))
-        path[CXL_EXPANDER] = gpu_link
-        node[CXL_EXPANDER] = bw if cxl_p2p else min(host_path, bw)
-        write[CXL_EXPANDER] = CXL_WRITE_EFF
-        cpu[CXL_EXPANDER] = bw
-        lat[CXL_EXPANDER] = float(dev["latency_ns"])
 
-    if cxl_pool:
-        key, n_hosts, levels = parse_pool(cxl_pool)
-        dev = _with_bw(memory[resolve_device(memory, key, "cxl-pool", "--cxl-pool")], gpu, "cxl_pool_GBps")
-        # CXL 2.0 switches have one level; several levels (and peer-to-peer GPU access) are CXL 3.x.
-        switch = memory[CXL3_SWITCH if (levels > 1 or cxl_p2p) else CXL2_SWITCH]
-        port = _link_bw(links, switch["link"]) if switch.get("link") else float(switch["bw_GBps"])
-        present[CXL_POOL] = 1.0
-        cap[CXL_POOL] = _positive(f"--cxl-pool {key} capacity_GiB", float(dev["capacity_GiB"]))
-        path[CXL_POOL] = gpu_link
-        # Peer-to-peer every GPU has its own fabric port; through the host, the node has one.
-        node[CXL_POOL] = n_gpus * gpu_link if cxl_p2p else min(host_path, port)
-        shared[CXL_POOL] = _device_bw(dev, links)
-        hosts[CXL_POOL] = float(n_hosts)
-        write[CXL_POOL] = CXL_WRITE_EFF
-        cpu[CXL_POOL] = port
-        # The pool's latency is measured through its own switch; every further level adds a hop.
-        lat[CXL_POOL] = float(dev["latency_ns"]) + (levels - 1) * float(switch["latency_ns"])
-
-    return as_arrays(
-        HostSpec(
-            gpus_per_node=n_gpus,
-            tier_present=present,
-            tier_capacity_GiB=cap,
-            tier_path_GBps=path,
-            tier_latency_ns=lat,
-            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
-            tier_node_GBps=node,
-            tier_shared_GBps=shared,
-            tier_hosts=hosts,
-            tier_write_eff=write,
-            tier_cpu_GBps=cpu,
-        )
+def _add_expander(t: _Tiers, option: str, gpu, links, memory, gpu_link: float, host_path: float, p2p: bool) -> None:
+    """CXL expanders on the host: the GPU's path into the host, then the expanders' own links."""
+    key, count = parse_expander(option)
+    dev = _with_bw(memory[resolve_device(memory, key, "cxl-expander", "cxl_expander")], gpu, "cxl_expander_GBps")
+    bw = count * _device_bw(dev, links)
+    t.set(
+        CXL_EXPANDER,
+        cap=_positive(f"cxl_expander {key} capacity_GiB", count * float(dev["capacity_GiB"])),
+        path=gpu_link,
+        node=bw if p2p else min(host_path, bw),
+        write=CXL_WRITE_EFF,
+        cpu=bw,
+        lat=float(dev["latency_ns"]),
     )
 
 
-_ADD_TIER = {"cxl-expander": "--cxl-expander DEVICE:COUNT", "cxl-pool": "--cxl-pool DEVICE:NHOSTS"}
+def _add_pool(t: _Tiers, option: str, gpu, links, memory, gpu_link, host_path, p2p: bool, n_gpus: float) -> None:
+    """A CXL pool behind a switch, shared by ``n_hosts`` hosts."""
+    key, n_hosts, levels = parse_pool(option)
+    dev = _with_bw(memory[resolve_device(memory, key, "cxl-pool", "cxl_pool")], gpu, "cxl_pool_GBps")
+    # CXL 2.0 switches have one level; several levels (and peer-to-peer GPU access) are CXL 3.x.
+    switch = memory[CXL3_SWITCH if (levels > 1 or p2p) else CXL2_SWITCH]
+    port = _link_bw(links, switch["link"]) if switch.get("link") else float(switch["bw_GBps"])
+    t.set(
+        CXL_POOL,
+        cap=_positive(f"cxl_pool {key} capacity_GiB", float(dev["capacity_GiB"])),
+        path=gpu_link,
+        # Peer-to-peer every GPU has its own fabric port; through the host, the node has one.
+        node=n_gpus * gpu_link if p2p else min(host_path, port),
+        shared=_device_bw(dev, links),
+        hosts=float(n_hosts),
+        write=CXL_WRITE_EFF,
+        cpu=port,
+        # The pool's latency is measured through its own switch; every further level adds a hop.
+        lat=float(dev["latency_ns"]) + (levels - 1) * float(switch["latency_ns"]),
+    )
+
+
+_ADD_TIER = {"cxl-expander": "cxl_expander DEVICE:COUNT", "cxl-pool": "cxl_pool DEVICE:NHOSTS"}
 
 
 def check_offload(host: HostSpec, offload: Mapping[str, str]) -> None:
@@ -257,4 +289,4 @@ def check_offload(host: HostSpec, offload: Mapping[str, str]) -> None:
     for state, tier in offload.items():
         if tier in TIER and present[TIER.index(tier)] <= 0:
             add = f" (add {_ADD_TIER[tier]})" if tier in _ADD_TIER else ""
-            raise ValueError(f"--offload {state}:{tier}: this node has no {tier} tier{add}")
+            raise ValueError(f"offload {state}:{tier}: this node has no {tier} tier{add}")

@@ -1,10 +1,12 @@
 """Unit conversions, in one place (jax-md's ``units.py`` habit).
 
 Names carry their unit: ``*_GBps`` is 1e9 bytes per second, ``*_GiB`` is 2**30 bytes, ``*_us`` is
-microseconds, ``*_tflops`` is 1e12 FLOP/s. Inside the model everything is seconds, bytes and FLOPs.
+microseconds, ``*_tflops`` is 1e12 FLOP/s, ``*_Gparams_per_s`` is 1e9 parameters per second.
+Inside the model everything is seconds, bytes and FLOPs.
 """
 
 GB = 1e9
+GIGA = 1e9  # of a count (parameters)
 GiB = float(2**30)
 TFLOP = 1e12
 US = 1e-6

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hetersim import build
-from hetersim.calibration import as_spec, load_calibration
 from hetersim.catalog import load_catalog
+from hetersim.fit.calibration import as_spec, load_calibration
 
 
 @pytest.fixture(scope="session")

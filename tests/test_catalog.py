@@ -283,6 +283,13 @@ def test_missing_file(tmp_path):
     assert "not found" in load_error(tmp_path / "nope.toml")
 
 
+def test_a_new_gpu_needs_no_capex_price(tmp_path):
+    entry = {k: v for k, v in CATALOG.gpu("h100-sxm-80gb").items() if k not in ("price_usd", "sources", "aliases")}
+    lines = ["[gpus.no-capex]"] + [f"{k} = {json.dumps(v)}" for k, v in entry.items()]
+    gpu = load_catalog([write(tmp_path, "\n".join(lines) + "\n")]).gpu("no-capex")
+    assert "price_usd" not in gpu and gpu["price_usd_per_hour"] == entry["price_usd_per_hour"]
+
+
 def test_new_entry_missing_fields(tmp_path):
     message = load_error(write(tmp_path, '[gpus.new-gpu]\nname = "New"\nvendor = "X"\n'))
     assert "new entry gpus.new-gpu is missing required fields: peak_tflops_bf16, peak_tflops_fp16" in message

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from hetersim.catalog import load_catalog
+from hetersim.fit.runs import REQUIRED_COLUMNS, default_runs_path
 from hetersim.simulate import STEP_TERMS
 from hetersim.types import Infeasible
-from hetersim.validation import REQUIRED_COLUMNS, default_runs_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -274,7 +274,7 @@ def test_validate_rejects_a_bad_stacks_file(tmp_path):
 
 
 def test_calibrate_writes_a_loadable_calibration(tmp_path):
-    from hetersim.calibration import BOUNDS, load_calibration
+    from hetersim.fit.calibration import BOUNDS, load_calibration
 
     out = tmp_path / "calibration.toml"
     r = run_json(["calibrate", "--steps", "2", "--out", out])

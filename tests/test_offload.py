@@ -408,6 +408,23 @@ def test_bad_tier_input_is_one_line_and_exit_2(args, says):
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
 
 
+@pytest.mark.parametrize(
+    "cxl, says",
+    [
+        ({"cxl_expander": "micron-cz120"}, "cxl_expander expects DEVICE:COUNT"),
+        ({"cxl_pool": "cmm-b:0hosts"}, "cxl_pool NHOSTS must be a positive integer"),
+        ({"cxl_pool": "micron-cz120:2hosts"}, "cxl_pool: 'micron-cz120' is a cxl-expander"),
+    ],
+)
+def test_tier_errors_name_the_argument_not_a_flag(catalog, cxl, says):
+    with pytest.raises(ValueError, match=says) as info:
+        tiers.host_spec(catalog.gpu("h100-sxm-80gb"), catalog.links, catalog.memory, **cxl)
+    assert "--" not in str(info.value)
+    host = tiers.host_spec(catalog.gpu("h100-sxm-80gb"), catalog.links, catalog.memory)
+    with pytest.raises(ValueError, match=r"^offload optimizer:cxl-pool: .* \(add cxl_pool DEVICE:NHOSTS\)$"):
+        tiers.check_offload(host, {"optimizer": "cxl-pool"})
+
+
 def test_capacity_must_be_positive(catalog):
     memory = {**catalog.memory, "empty": {**CARD, "capacity_GiB": 0.0}}
     with pytest.raises(ValueError, match="capacity_GiB must be positive"):

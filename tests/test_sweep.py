@@ -22,8 +22,8 @@ from dse.pareto import pareto_mask
 from dse.study import DEFAULT_STUDY, load_study, parse_study
 from dse.sweep_cli import sweep_command
 from hetersim import build
-from hetersim.calibration import load_calibration
 from hetersim.catalog import load_catalog
+from hetersim.fit.calibration import load_calibration
 from hetersim.simulate import STEP_TERMS, Breakdown, simulate
 from hetersim.types import TIER
 

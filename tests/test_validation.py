@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetersim import validation
+from hetersim import fit
 
 
 @pytest.fixture(scope="module")
 def report(catalog, cal):
-    rows = validation.read_runs(validation.default_runs_path())
-    return validation.validate(rows, catalog, cal)
+    rows = fit.read_runs(fit.default_runs_path())
+    return fit.validate(rows, catalog, cal)
 
 
 def test_every_published_run_is_predicted(report):
@@ -65,7 +65,7 @@ def test_offload_reference_run_within_35_percent(report):
 
 
 def test_infeasible_row_counts_as_100_percent(catalog, cal, tmp_path):
-    src = validation.default_runs_path().read_text().splitlines()
+    src = fit.default_runs_path().read_text().splitlines()
     header, first = src[0], src[1]
     # The 1.7B GPT run with global batch 512 on 32 GPUs, but claiming one GPU: 1.7B states
     # and 16 sequences of activations do not fit in 80 GB, and tp*pp*dp*cp != n_gpus.
@@ -74,7 +74,7 @@ def test_infeasible_row_counts_as_100_percent(catalog, cal, tmp_path):
     vals[cols.index("n_gpus")] = "1"
     path = tmp_path / "runs.csv"
     path.write_text(header + "\n" + ",".join(vals) + "\n")
-    rep = validation.validate(validation.read_runs(path), catalog, cal)
+    rep = fit.validate(fit.read_runs(path), catalog, cal)
     assert rep["rows"][0]["feasible"] is False
     assert rep["rows"][0]["error_pct"] == 100.0
 
@@ -83,13 +83,13 @@ def test_malformed_runs_files_are_rejected(tmp_path, catalog, cal):
     bad = tmp_path / "bad.csv"
     bad.write_text("id,model\nx,y\n")
     with pytest.raises(ValueError, match="missing columns"):
-        validation.read_runs(bad)
-    good = validation.default_runs_path()
+        fit.read_runs(bad)
+    good = fit.default_runs_path()
     text = good.read_text().replace(",8,32,1,1,1,32,", ",8,32,one,1,1,32,", 1)
     broken = tmp_path / "broken.csv"
     broken.write_text(text)
     with pytest.raises(ValueError, match="column tp must be a number"):
-        validation.validate(validation.read_runs(broken), catalog, cal)
+        fit.validate(fit.read_runs(broken), catalog, cal)
 
 
 def _runs_file(tmp_path, ids, **set_cols):
@@ -97,7 +97,7 @@ def _runs_file(tmp_path, ids, **set_cols):
     import csv
     import io
 
-    src = validation.default_runs_path().read_text().splitlines()
+    src = fit.default_runs_path().read_text().splitlines()
     recs = list(csv.DictReader(src))
     keep = [r for r in recs if any(r["id"].startswith(i) for i in ids)]
     cols = list(recs[0].keys()) + [c for c in set_cols if c not in recs[0]]
@@ -114,8 +114,8 @@ def _runs_file(tmp_path, ids, **set_cols):
 def test_packaged_runs_are_the_published_schema():
     # Shipped verbatim: no column added, so results on the packaged file and on the original
     # table are the same.
-    header = validation.default_runs_path().read_text().splitlines()[0].split(",")
-    assert header[: len(validation.REQUIRED_COLUMNS)] == list(validation.REQUIRED_COLUMNS)
+    header = fit.default_runs_path().read_text().splitlines()[0].split(",")
+    assert header[: len(fit.REQUIRED_COLUMNS)] == list(fit.REQUIRED_COLUMNS)
     assert "attention" not in header
 
 
@@ -132,15 +132,15 @@ def test_attention_column_overrides_the_stack(tmp_path, catalog, cal):
     times = {}
     for kind in ("materialized", "flash", "flash2"):
         path = _runs_file(tmp_path, ["r000"], attention=kind)
-        times[kind] = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]["predicted_step_time_s"]
-    plain = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r000"])), catalog, cal)
+        times[kind] = fit.validate(fit.read_runs(path), catalog, cal)["rows"][0]["predicted_step_time_s"]
+    plain = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r000"])), catalog, cal)
     assert plain["rows"][0]["predicted_step_time_s"] == pytest.approx(times["materialized"])
     # On A100 FlashAttention-2 is the fastest kernel: flash2 == flash; scores cost more.
     assert times["flash2"] == pytest.approx(times["flash"])
     assert times["materialized"] > times["flash"]
     bad = _runs_file(tmp_path, ["r000"], attention="sparse")
     with pytest.raises(ValueError, match="column attention must be one of"):
-        validation.validate(validation.read_runs(bad), catalog, cal)
+        fit.validate(fit.read_runs(bad), catalog, cal)
 
 
 def test_flash2_is_slower_on_hopper(tmp_path, catalog, cal):
@@ -148,22 +148,22 @@ def test_flash2_is_slower_on_hopper(tmp_path, catalog, cal):
     t = {}
     for kind in ("flash", "flash2"):
         path = _runs_file(tmp_path, ["r092"], attention=kind)
-        t[kind] = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]["predicted_step_time_s"]
+        t[kind] = fit.validate(fit.read_runs(path), catalog, cal)["rows"][0]["predicted_step_time_s"]
     assert t["flash2"] > 1.1 * t["flash"]
 
 
 def test_fsdp_stack_shards_over_context_parallel_ranks(tmp_path, catalog, cal):
     # torchtitan's dp=1, cp=8 rows are written zero=0 but FSDP shards over the dp x cp mesh.
     path = _runs_file(tmp_path, ["r095", "r106"])
-    rep = validation.validate(validation.read_runs(path), catalog, cal)
+    rep = fit.validate(fit.read_runs(path), catalog, cal)
     assert all(r["feasible"] for r in rep["rows"])
     # The same rows matched to no stack run unsharded and do not fit.
-    rep0 = validation.validate(validation.read_runs(path, stacks=[]), catalog, cal)
+    rep0 = fit.validate(fit.read_runs(path, stacks=[]), catalog, cal)
     assert not any(r["feasible"] for r in rep0["rows"])
 
 
 def test_bad_stacks_file_is_rejected(tmp_path):
-    from hetersim.stacks import load_stacks
+    from hetersim.fit.stacks import load_stacks
 
     f = tmp_path / "stacks.toml"
     f.write_text('[x]\nmatch = ["a"]\nattention = "sparse"\n')
@@ -178,7 +178,7 @@ def test_bad_stacks_file_is_rejected(tmp_path):
 
 
 def test_memory_against_published_figures(catalog, cal):
-    rep = validation.validate_memory(None, catalog, cal)
+    rep = fit.validate_memory(None, catalog, cal)
     print(f"\nmemory: n={rep['n']} MAPE {rep['mape_pct']:.1f}%")
     korth = [r for r in rep["rows"] if r["component"] == "activations"]
     assert len(korth) == 8
@@ -193,7 +193,7 @@ def test_memory_against_published_figures(catalog, cal):
 @pytest.mark.slow
 def test_leave_one_source_out_error_is_bounded(catalog):
     """Fit without each source in turn and predict it: how the model does on unseen runs."""
-    from hetersim.calibration import cross_validate
+    from hetersim.fit.calibration import cross_validate
 
     cv = cross_validate(catalog=catalog, steps=200)
     print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
@@ -202,7 +202,7 @@ def test_leave_one_source_out_error_is_bounded(catalog):
 
 
 def test_source_weights_give_every_source_the_same_total_weight():
-    from hetersim.calibration import source_weights
+    from hetersim.fit.calibration import source_weights
 
     labels = np.array(["a", "a", "a", "b", "c", "c"])
     mask = np.array([1, 1, 0, 1, 1, 1], bool)  # one row of "a" left out (infeasible / held out)
@@ -220,17 +220,17 @@ def test_whole_local_batch_is_split_when_it_does_not_fit(tmp_path, catalog, cal)
     # four sequences at once do not fit in 80 GB, so validate runs gradient accumulation over
     # smaller micro-batches and reports the substitution.
     path = _runs_file(tmp_path, ["r013"])
-    row = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]
+    row = fit.validate(fit.read_runs(path), catalog, cal)["rows"][0]
     assert row["feasible"]
     assert "micro_batch=2" in row["substituted"] or "micro_batch=1" in row["substituted"]
     # A row whose micro-batch is not the whole local batch is never split.
     fixed = _runs_file(tmp_path, ["r013"], global_batch="5120")
-    row2 = validation.validate(validation.read_runs(fixed), catalog, cal)["rows"][0]
+    row2 = fit.validate(fit.read_runs(fixed), catalog, cal)["rows"][0]
     assert "micro_batch" not in row2["substituted"]
 
 
 def test_every_packaged_stack_fact_cites_a_source():
-    from hetersim.stacks import load_stacks
+    from hetersim.fit.stacks import load_stacks
 
     stacks = load_stacks()
     assert stacks
@@ -246,9 +246,9 @@ def test_every_packaged_stack_fact_cites_a_source():
 def test_offload_to_a_cxl_tier_assumes_a_device(tmp_path, catalog, cal, tier, device):
     # The ZeRO-Offload row with its optimizer states and gradients on a CXL tier instead of host
     # DRAM: the V100 entry configures no CXL device, so validate assumes one and says so.
-    host = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r141"])), catalog, cal)["rows"][0]
+    host = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r141"])), catalog, cal)["rows"][0]
     path = _runs_file(tmp_path, ["r141"], offload_tier=tier)
-    row = validation.validate(validation.read_runs(path), catalog, cal)["rows"][0]
+    row = fit.validate(fit.read_runs(path), catalog, cal)["rows"][0]
     assert row["feasible"]
     assert device in row["substituted"]
     assert "cxl" not in host["substituted"]
@@ -261,7 +261,7 @@ def test_runs_file_from_a_spreadsheet_is_read(tmp_path, catalog, cal):
     import csv
     import io
 
-    src = validation.default_runs_path().read_text().splitlines()
+    src = fit.default_runs_path().read_text().splitlines()
     recs = [r for r in csv.DictReader(src) if r["id"].startswith(("r000", "r022"))]
     recs[0]["notes"] = "first line\nsecond line, with a comma"
     out = io.StringIO()
@@ -270,20 +270,20 @@ def test_runs_file_from_a_spreadsheet_is_read(tmp_path, catalog, cal):
     w.writerows(recs)
     path = tmp_path / "excel.csv"
     path.write_bytes(b"\xef\xbb\xbf" + out.getvalue().encode())
-    plain = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r000", "r022"])), catalog, cal)
-    rep = validation.validate(validation.read_runs(path), catalog, cal)
+    plain = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r000", "r022"])), catalog, cal)
+    rep = fit.validate(fit.read_runs(path), catalog, cal)
     assert [r["id"] for r in rep["rows"]] == [r["id"] for r in plain["rows"]]
     assert rep["mape_step_time_pct"] == pytest.approx(plain["mape_step_time_pct"])
 
 
 def test_other_spellings_and_blank_defaults_read_as_the_schema(tmp_path, catalog, cal):
     # r043: GPT-3 5B on 64 H100, tp1 pp1 vp1 cp1 dp64, fp8, plain MLP, no recompute.
-    base = validation.validate(validation.read_runs(_runs_file(tmp_path, ["r043"])), catalog, cal)["rows"][0]
+    base = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r043"])), catalog, cal)["rows"][0]
     alt = _runs_file(
         tmp_path, ["r043"], mlp="GeLU", precision="FP8", recompute="no", vp="", cp="", dp="", scaleup_domain=""
     )
-    row = validation.validate(validation.read_runs(alt), catalog, cal)["rows"][0]
+    row = fit.validate(fit.read_runs(alt), catalog, cal)["rows"][0]
     assert row["predicted_step_time_s"] == pytest.approx(base["predicted_step_time_s"], rel=1e-6)
     bad = _runs_file(tmp_path, ["r043"], precision="int4")
     with pytest.raises(ValueError, match="r043"):
-        validation.validate(validation.read_runs(bad), catalog, cal)
+        fit.validate(fit.read_runs(bad), catalog, cal)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import ModelSpec, Plan
+from ..types import Attention, Precision, Recompute
 from ..units import GiB
 from .flops import kv_ratio, layer_params
 
@@ -13,7 +14,9 @@ GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2
 GRAD_BYTES_DIST_OPT = 2.0  # Megatron's distributed optimizer keeps its grad buffer in the parameter
 # dtype by default (DistributedDataParallelConfig.grad_reduce_in_fp32 = False)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights, Adam m and v
-RUNTIME_RESERVED_GiB = 1.5  # CUDA context, cuBLAS workspace, NCCL channel buffers (see calibration.toml)
+# CUDA context, cuBLAS workspace, NCCL channel buffers. An estimate: neither fitted (calibration.toml
+# holds only the constants of hetersim.fit.calibration.BOUNDS) nor measured in this repository.
+RUNTIME_RESERVED_GiB = 1.5
 
 # Indices of OFFLOAD_STATE in Plan.offload_tier_code.
 OPT, GRAD, PARAM, ACT = 0, 1, 2, 3
@@ -49,15 +52,15 @@ def grad_bytes(plan: Plan):
     dist_opt = (plan.zero >= 1) & (plan.zero <= 2)
     # FP16 ZeRO-3 is DeepSpeed's, which keeps and reduces gradients in the model's dtype
     # (communication_data_type defaults to fp16); bf16 FSDP reduces in fp32 (FSDP2's reduce_dtype).
-    fp16_z3 = (plan.zero >= 3) & (plan.precision_code == 1)
-    return jnp.where((dist_opt | fp16_z3) & (plan.precision_code != 3), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
+    fp16_z3 = (plan.zero >= 3) & (plan.precision_code == Precision.FP16)
+    return jnp.where((dist_opt | fp16_z3) & (plan.precision_code != Precision.FP32), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
 
 
 def state_bytes(m: ModelSpec, plan: Plan, layers=None):
     """(weights, gradients, optimizer) bytes per GPU before any offload."""
     p = local_params(m, plan, layers)
     n = zero_group(plan)
-    wbytes = jnp.where(plan.precision_code == 3, 4.0, WEIGHT_BYTES)
+    wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, WEIGHT_BYTES)
     weights = p * wbytes / jnp.where(plan.zero >= 3, n, 1.0)
     gbytes = grad_bytes(plan)
     grads = p * gbytes / jnp.where(plan.zero >= 2, n, 1.0)
@@ -86,26 +89,28 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     # FP8 training (Transformer Engine) saves the inputs of the four GEMMs as 1-byte FP8 copies
     # for the weight-gradient GEMMs: the QKV, output-projection and MLP inputs (h each) and the
     # down projection's input (f) take half the bytes.
-    fp8 = plan.precision_code == 2
+    fp8 = plan.precision_code == Precision.FP8
     gemm_in_save = jnp.where(fp8, 1.0, 0.0)
     replicated = (8.0 + 2.0 * m.dropout) * h / sp_div - gemm_in_save * 2.0 * h / sp_div
     mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) - gemm_in_save * f
     # Selective recomputation with flash attention (nothing s x s to drop) recomputes the cheap
     # element-wise ops instead, as torchtitan's op-level policy does: the activation function's
     # output (the down projection's input, 2f per token) is not stored.
-    mlp = mlp - jnp.where((plan.recompute_code == 1) & (plan.attention_code != 1), 2.0 * f, 0.0)
+    mlp = mlp - jnp.where(
+        (plan.recompute_code == Recompute.SELECTIVE) & (plan.attention_code != Attention.MATERIALIZED), 2.0 * f, 0.0
+    )
     sharded = (2.0 * h + 4.0 * h * kv_ratio(m) + (2.0 - gemm_in_save) * h + mlp) / t
     scores = (2.0 + 3.0 * m.dropout) * a * plan.seq_len / t  # per query token
     flash_lse = 4.0 * a / t
-    keep_scores = (plan.attention_code == 1) & (plan.recompute_code == 0)
-    attn = jnp.where(keep_scores, scores, jnp.where(plan.attention_code != 1, flash_lse, 0.0))
-    e = jnp.where(plan.precision_code == 3, 2.0, 1.0)
+    keep_scores = (plan.attention_code == Attention.MATERIALIZED) & (plan.recompute_code == Recompute.NONE)
+    attn = jnp.where(keep_scores, scores, jnp.where(plan.attention_code != Attention.MATERIALIZED, flash_lse, 0.0))
+    e = jnp.where(plan.precision_code == Precision.FP32, 2.0, 1.0)
     per_token = e * (replicated + sharded) + attn
     full = e * 2.0 * h / sp_div
     # The layer being rebuilt during its backward holds everything, the s x s scores included
     # when attention materialises them.
-    working = e * (replicated + sharded) + jnp.where(plan.attention_code == 1, scores, flash_lse)
-    return b * s * jnp.where(plan.recompute_code == 2, full, per_token), b * s * working
+    working = e * (replicated + sharded) + jnp.where(plan.attention_code == Attention.MATERIALIZED, scores, flash_lse)
+    return b * s * jnp.where(plan.recompute_code == Recompute.FULL, full, per_token), b * s * working
 
 
 def inflight_microbatches(plan: Plan, n_micro):
@@ -123,7 +128,7 @@ def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=No
     inflight = inflight_microbatches(plan, n_micro) if inflight is None else inflight
     kept = stored * layers * inflight
     # Full recomputation rebuilds one layer's activations during its backward.
-    return kept + jnp.where(plan.recompute_code == 2, working, 0.0)
+    return kept + jnp.where(plan.recompute_code == Recompute.FULL, working, 0.0)
 
 
 def buffer_bytes(m: ModelSpec, plan: Plan):

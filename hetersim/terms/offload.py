@@ -49,8 +49,8 @@ import jax.numpy as jnp
 
 from ..pytree import spec
 from ..specs import HostSpec, ModelSpec, Plan
-from ..types import N_TIERS
-from ..units import GB
+from ..types import N_TIERS, Precision
+from ..units import GB, GIGA
 from . import memory
 from ._safe import pos, safe_div
 from .flops import layer_params
@@ -177,25 +177,48 @@ def offload_cost(
     step on the GPU with its states in HBM; ``layers``: layers on the busiest stage.
     """
     off = plan.offload_tier_code
-    on = off > 0
-    on_o, on_g, on_p, on_a = on[OPT], on[GRAD], on[PARAM], on[ACT]
-    t_o, t_g, t_p, t_a = off[OPT], off[GRAD], off[PARAM], off[ACT]
-    cpu_opt = on_o & (plan.cpu_optimizer > 0)
+    cpu_opt = (off[OPT] > 0) & (plan.cpu_optimizer > 0)
     rd, wr = tier_bandwidth(host, plan)
-    wbytes = jnp.where(plan.precision_code == 3, 4.0, memory.WEIGHT_BYTES)
-
-    def moved(cond, nbytes, bw):
-        return jnp.where(cond, safe_div(nbytes, bw), 0.0)
-
-    # --- forward and backward of one micro-batch --------------------------------------------
-    f_in = moved(on_p, weights, rd[t_p])
-    f_out = moved(on_a, acts_mb, wr[t_a])
-    b_in = moved(on_p, weights, rd[t_p]) + moved(on_a, acts_mb, rd[t_a])
-    b_out = moved(on_g, grads, wr[t_g])
+    wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, memory.WEIGHT_BYTES)
     # A host optimizer with the gradients in HBM takes them once, in the last backward.
     last_bytes = opt_params * grad_elem_bytes
-    last_out = moved(cpu_opt & ~on_g, last_bytes, wr[t_o])
-    first_layer = moved(on_p, safe_div(weights, layers), rd[t_p])
+
+    exposed, traffic = _pass_transfers(
+        off, cpu_opt, rd, wr, n_micro, layers, weights, grads, acts_mb, last_bytes, t_fwd, t_bwd
+    )
+    optimizer_s, cpu_s, opt_exposed, opt_traffic = _optimizer_step(
+        host, plan, cpu_opt, rd, wr, weights, grads, opt_params, wbytes, gpu_opt_s
+    )
+    exposed = exposed + opt_exposed
+    traffic = traffic + opt_traffic
+    needed = _bw_needed(
+        off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
+    )
+    tiers = jnp.arange(N_TIERS)
+    return OffloadCost(
+        optimizer_s=optimizer_s,
+        exposed_s=exposed,
+        traffic_s=traffic,
+        bw_GBps=jnp.where((tiers > 0) & (host.tier_present > 0), rd / GB, 0.0),
+        bw_needed_GBps=needed / GB,
+    )
+
+
+def _moved(cond, nbytes, bw):
+    return jnp.where(cond, safe_div(nbytes, bw), 0.0)
+
+
+def _pass_transfers(off, cpu_opt, rd, wr, n_micro, layers, weights, grads, acts_mb, last_bytes, t_fwd, t_bwd):
+    """(exposed, all) transfer seconds of the forward and backward passes of a step."""
+    on = off > 0
+    on_g, on_p, on_a = on[GRAD], on[PARAM], on[ACT]
+    t_o, t_g, t_p, t_a = off[OPT], off[GRAD], off[PARAM], off[ACT]
+    f_in = _moved(on_p, weights, rd[t_p])
+    f_out = _moved(on_a, acts_mb, wr[t_a])
+    b_in = _moved(on_p, weights, rd[t_p]) + _moved(on_a, acts_mb, rd[t_a])
+    b_out = _moved(on_g, grads, wr[t_g])
+    last_out = _moved(cpu_opt & ~on_g, last_bytes, wr[t_o])
+    first_layer = _moved(on_p, safe_div(weights, layers), rd[t_p])
 
     fwd = jnp.maximum(f_in, f_out)
     bwd = jnp.maximum(b_in, b_out)
@@ -203,31 +226,45 @@ def offload_cost(
     exposed_mb = pos(fwd - t_fwd) + pos(bwd - t_bwd) + first_layer
     exposed = n_micro * exposed_mb + pos(bwd_last - t_bwd) - pos(bwd - t_bwd)
     traffic = n_micro * (fwd + bwd) + (bwd_last - bwd)
+    return exposed, traffic
 
-    # --- optimizer step -----------------------------------------------------------------------
+
+def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads, opt_params, wbytes, gpu_opt_s):
+    """(optimizer seconds, the host CPU's seconds, exposed and all transfer seconds) of the
+    optimizer step, on the host CPU or on the GPU with streamed states."""
+    off = plan.offload_tier_code
+    on = off > 0
+    on_o, on_g, on_p = on[OPT], on[GRAD], on[PARAM]
+    t_o, t_g, t_p = off[OPT], off[GRAD], off[PARAM]
     node_params = opt_params * gpus_sharing(host, plan)
     cpu_bw = cpu_bandwidth(host)
     grads_at = jnp.where(on_g, t_g, t_o)
-    cpu_rate = host.cpu_adam_Gparams_per_s * 1e9
+    cpu_rate = host.cpu_adam_Gparams_per_s * GIGA
     update = jnp.maximum(safe_div(node_params, cpu_rate), safe_div(node_params * CPU_ADAM_TIER_BYTES, cpu_bw[t_o]))
     cpu_s = update + safe_div(node_params * CPU_GRAD_PASS_BYTES, cpu_bw[grads_at])
     # Updated 16-bit parameters return to the GPU while the CPU works; with the parameters on a
     # tier the CPU writes them there and the next forward fetches them.
-    ret = moved(~on_p, opt_params * wbytes, rd[t_o])
+    ret = _moved(~on_p, opt_params * wbytes, rd[t_o])
     cpu_exposed = pos(ret - cpu_s)
 
     # On the GPU: streamed states (and offloaded gradients) come in, states (and updated
     # parameters on a tier) go out, while the GPU updates them.
-    g_in = moved(on_o, opt_params * OPT_STREAM_BYTES, rd[t_o]) + moved(on_g, grads, rd[t_g])
-    g_out = moved(on_o, opt_params * OPT_STREAM_BYTES, wr[t_o]) + moved(on_p, weights, wr[t_p])
+    g_in = _moved(on_o, opt_params * OPT_STREAM_BYTES, rd[t_o]) + _moved(on_g, grads, rd[t_g])
+    g_out = _moved(on_o, opt_params * OPT_STREAM_BYTES, wr[t_o]) + _moved(on_p, weights, wr[t_p])
     gpu_stream = jnp.maximum(g_in, g_out)
     gpu_exposed = pos(gpu_stream - gpu_opt_s)
 
     optimizer_s = jnp.where(cpu_opt, cpu_s, gpu_opt_s)
-    exposed = exposed + jnp.where(cpu_opt, cpu_exposed, gpu_exposed)
-    traffic = traffic + jnp.where(cpu_opt, ret, gpu_stream)
+    exposed = jnp.where(cpu_opt, cpu_exposed, gpu_exposed)
+    traffic = jnp.where(cpu_opt, ret, gpu_stream)
+    return optimizer_s, cpu_s, exposed, traffic
 
-    # --- bandwidth each tier needs to hide its traffic ------------------------------------------
+
+def _bw_needed(off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s):
+    """[N_TIERS] per-GPU bandwidth at which each tier's traffic would hide (bytes/s)."""
+    on = off > 0
+    on_o, on_g, on_p, on_a = on[OPT], on[GRAD], on[PARAM], on[ACT]
+    t_o, t_g, t_p, t_a = off[OPT], off[GRAD], off[PARAM], off[ACT]
     tiers = jnp.arange(N_TIERS)
 
     def at(state_on, tier, nbytes):
@@ -244,12 +281,4 @@ def offload_cost(
     o_out = s_bytes + at(on_p & ~cpu_opt, t_p, weights)
     need_gpu_opt = safe_div(jnp.maximum(o_in, o_out), gpu_opt_s)
     need_cpu_opt = safe_div(at(cpu_opt & ~on_p, t_o, opt_params * wbytes), cpu_s)
-    needed = jnp.maximum(jnp.maximum(need_f, need_b), jnp.maximum(need_gpu_opt, need_cpu_opt))
-
-    return OffloadCost(
-        optimizer_s=optimizer_s,
-        exposed_s=exposed,
-        traffic_s=traffic,
-        bw_GBps=jnp.where((tiers > 0) & (host.tier_present > 0), rd / GB, 0.0),
-        bw_needed_GBps=needed / GB,
-    )
+    return jnp.maximum(jnp.maximum(need_f, need_b), jnp.maximum(need_gpu_opt, need_cpu_opt))

@@ -24,8 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .build import calibration_spec
-from .specs import Calibration
+from ..build import calibration_spec
+from ..catalog import load_catalog
+from ..specs import Calibration
+from . import runs, validation
+from .adam import adam
 
 # name: (lower, upper, unit / meaning)
 BOUNDS: dict[str, tuple[float, float, str]] = {
@@ -111,8 +114,9 @@ def fit(
     steps: int = 400,
     lr: float = 0.05,
 ) -> tuple[dict[str, float], list[float]]:
-    """Adam on the ``mask``-weighted mean of ``sqrt(log(pred/meas)^2 + eps)`` (``mask`` is 0/1 or
-    row weights, e.g. :func:`source_weights`); returns values and loss history.
+    """Adam (:func:`hetersim.fit.adam.adam`) on the ``mask``-weighted mean of
+    ``sqrt(log(pred/meas)^2 + eps)`` (``mask`` is 0/1 or row weights, e.g. :func:`source_weights`);
+    returns the values after the last step and the loss history.
     ``predict(cal)`` returns (step_time_s, feasible) arrays for all rows."""
     meas = jnp.asarray(measured, jnp.float32)
     w = jnp.asarray(mask, jnp.float32)
@@ -122,20 +126,10 @@ def fit(
         r = jnp.log(jnp.maximum(pred, 1e-9) / meas)
         return jnp.sum(w * LOSS(r)) / jnp.sum(w)
 
-    value_and_grad = jax.jit(jax.value_and_grad(loss))
-    z = _to_unconstrained(start)
-    m = jnp.zeros_like(z)
-    v = jnp.zeros_like(z)
-    history = []
-    b1, b2 = 0.9, 0.999
-    for t in range(1, steps + 1):
-        val, g = value_and_grad(z)
-        history.append(float(val))
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        z = z - lr * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + 1e-8)
-    cal = _to_values(z)
-    return {k: float(getattr(cal, k)) for k in BOUNDS}, history
+    run = jax.jit(lambda z0: adam(jax.value_and_grad(loss), z0, steps, lr))
+    result = run(_to_unconstrained(start))
+    cal = _to_values(result.x)
+    return {k: float(getattr(cal, k)) for k in BOUNDS}, [float(h) for h in np.asarray(result.history)]
 
 
 def write_calibration(path: str | Path, values: Mapping[str, float], meta: Mapping[str, Any]) -> None:
@@ -179,23 +173,18 @@ class _Problem:
     labels: np.ndarray
 
     def predict(self, cal: Calibration):
-        from . import validation
-
         out = validation.predict(self.prep, cal)
         return out.step_time_s, out.infeasible
 
 
 def _problem(runs_path, catalog, start: Mapping[str, float]) -> _Problem:
-    from . import validation
-    from .catalog import load_catalog
-
     catalog = catalog or load_catalog()
-    path = Path(runs_path) if runs_path else validation.default_runs_path()
-    rows = validation.read_runs(path)
+    path = Path(runs_path) if runs_path else runs.default_runs_path()
+    rows = runs.read_runs(path)
     cal0 = as_spec(start)
     prep = validation.prepare(rows, catalog, cal0, str(path))
     feasible = np.asarray(validation.predict(prep, cal0).infeasible) == 0
-    labels = np.array([validation.source_label(r.source) for r in rows])
+    labels = np.array([runs.source_label(r.source) for r in rows])
     return _Problem(catalog, path, rows, prep, cal0, feasible, labels)
 
 
@@ -211,8 +200,6 @@ def calibrate(
     count as 100% error in ``validate`` whatever the constants). Returns the fitted values, the
     loss history and the validation summaries before and after.
     """
-    from . import validation
-
     start = dict(start or load_calibration())
     pb = _problem(runs_path, catalog, start)
     weights = source_weights(pb.labels, pb.feasible)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from .types import ATTENTION
+from ..types import ATTENTION
 
 __all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
 

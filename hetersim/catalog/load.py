@@ -1,0 +1,113 @@
+"""Loading the catalog: the packaged TOML files, then user files that add or override entries."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .check import _check_complete, _check_entry, _check_refs, _fail, _merge, _parse_fragment, _restamp_sources
+from .schema import _SINGULAR, PACKAGED_FILES, SECTIONS, Entry, Section
+
+CATALOG_DIR = Path(__file__).resolve().parent
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    origin = f"catalog file {path}"
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise _fail(origin, "not found") from None
+    except tomllib.TOMLDecodeError as error:
+        raise _fail(origin, f"invalid TOML: {error}") from None
+
+
+def _user_sections(path: Path, data: dict[str, Any]) -> dict[Section, dict[str, Any]]:
+    origin = f"catalog file {path}"
+    out: dict[Section, dict[str, Any]] = {}
+    for name, table in data.items():
+        if name not in SECTIONS:
+            allowed = ", ".join(SECTIONS)
+            raise _fail(origin, f"unknown section {name!r}; allowed: {allowed} (write [gpus.<key>] etc.)")
+        if not isinstance(table, dict):
+            raise _fail(origin, f"section {name!r} must be a table of entries, got {table!r}")
+        out[name] = table  # type: ignore[index]
+    return out
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Validated catalog: per section, entry key -> dict of fields (with `sources`/`source`)."""
+
+    gpus: dict[str, Entry]
+    links: dict[str, Entry]
+    models: dict[str, Entry]
+    memory: dict[str, Entry]
+
+    def section(self, name: Section) -> dict[str, Entry]:
+        if name not in SECTIONS:
+            raise ValueError(f"unknown catalog section {name!r}; known: {', '.join(SECTIONS)}")
+        return getattr(self, name)
+
+    def gpu(self, key: str) -> Entry:
+        return self._lookup("gpus", key)
+
+    def link(self, key: str) -> Entry:
+        return self._lookup("links", key)
+
+    def model(self, key: str) -> Entry:
+        return self._lookup("models", key)
+
+    def memory_device(self, key: str) -> Entry:
+        return self._lookup("memory", key)
+
+    def _lookup(self, section: Section, key: str) -> Entry:
+        entries = self.section(section)
+        if key not in entries:
+            key = self._resolve(entries, key, section)
+        return copy.deepcopy(entries[key])
+
+    @staticmethod
+    def _resolve(entries: Mapping[str, Entry], key: str, section: Section) -> str:
+        """The entry key that ``key`` names case-insensitively or as one of an entry's ``aliases``."""
+        want = key.strip().lower()
+        for k, entry in entries.items():
+            names = [k] + [a.strip() for a in str(entry.get("aliases", "")).split(",") if a.strip()]
+            if want in (n.lower() for n in names):
+                return k
+        raise ValueError(f"unknown {_SINGULAR[section]} {key!r}; known: {', '.join(sorted(entries))}")
+
+
+def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
+    """Load the packaged catalog, then each extra file in order (adding or overriding entries)."""
+    entries: dict[Section, dict[str, Entry]] = {s: {} for s in SECTIONS}
+    last_origin: dict[tuple[Section, str], str] = {}
+
+    def add(origin: str, section: Section, table: Mapping[str, Any]) -> None:
+        for key, raw in table.items():
+            fragment = _parse_fragment(origin, section, key, raw)
+            if key in entries[section]:
+                merged = _merge(entries[section][key], fragment, section)
+                _restamp_sources(merged, fragment, section, origin)
+                entries[section][key] = merged
+            else:
+                _check_complete(origin, section, key, fragment, what="new entry")
+                entries[section][key] = fragment
+            last_origin[section, key] = origin
+
+    for section, filename in PACKAGED_FILES.items():
+        path = CATALOG_DIR / filename
+        add(f"catalog file {path}", section, _read_toml(path))
+    for item in extra:
+        path = Path(item)
+        for section, table in _user_sections(path, _read_toml(path)).items():
+            add(f"catalog file {path}", section, table)
+
+    for (section, key), origin in last_origin.items():
+        _check_entry(origin, section, key, entries[section][key])
+        _check_refs(origin, section, key, entries[section][key], entries["links"])
+    return Catalog(**entries)

@@ -1,0 +1,59 @@
+"""Overrides of one catalog entry (the CLI's ``--set``, a study's ``[hardware.set]``), validated
+like a catalog file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .check import _check_complete, _check_entry, _check_refs, _fail, _merge, _parse_fragment, _restamp_sources
+from .load import Catalog
+from .schema import _PROVENANCE, _SCHEMA, SECTIONS, Entry, Section
+
+
+def apply_overrides(
+    section: Section,
+    entry_key: str,
+    entry: Mapping[str, Any],
+    overrides: Mapping[str, float | int | str | bool],
+    *,
+    origin: str = "apply_overrides",
+    catalog: Catalog | None = None,
+) -> Entry:
+    """Return a copy of `entry` with `overrides` applied and validated like a catalog file.
+
+    String values are parsed for numeric and boolean fields (so CLI ``--set hbm_bw_GBps=9600``
+    works); references to links are checked when a `catalog` is given.
+    """
+    if section not in SECTIONS:
+        raise ValueError(f"{origin}: unknown catalog section {section!r}; known: {', '.join(SECTIONS)}")
+    raw = {name: _from_text(section, name, value) for name, value in overrides.items()}
+    if _PROVENANCE[section] in raw:
+        what = _PROVENANCE[section]
+        raise _fail(origin, f"{section}.{entry_key}.{what} cannot be set by an override")
+    fragment = _parse_fragment(origin, section, entry_key, raw)
+    merged = _merge(dict(entry), fragment, section)
+    _restamp_sources(merged, fragment, section, origin)
+    _check_complete(origin, section, entry_key, merged)
+    _check_entry(origin, section, entry_key, merged)
+    if catalog is not None:
+        _check_refs(origin, section, entry_key, merged, catalog.links)
+    return merged
+
+
+def _from_text(section: Section, name: str, value: Any) -> Any:
+    """Parse a CLI-style string for a numeric or boolean field; leave anything else unchanged."""
+    spec = _SCHEMA[section].get(name)
+    if not isinstance(value, str) or spec is None:
+        return value
+    text = value.strip()
+    try:
+        if spec.kind == "integer":
+            return int(text)
+        if spec.kind == "number":
+            return float(text)
+    except ValueError:
+        return value  # left as text, so validation reports it with the field's rule
+    if spec.kind == "flag":
+        return {"true": True, "false": False}.get(text.lower(), value)
+    return value

@@ -1,0 +1,204 @@
+"""The catalog's schema: its sections, and per section the fields an entry has and their rules."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+Section = Literal["gpus", "links", "models", "memory"]
+SECTIONS: tuple[Section, ...] = ("gpus", "links", "models", "memory")
+PACKAGED_FILES: dict[Section, str] = {
+    "gpus": "accelerators.toml",
+    "links": "links.toml",
+    "models": "models.toml",
+    "memory": "memory.toml",
+}
+_SINGULAR: dict[Section, str] = {
+    "gpus": "gpu",
+    "links": "link",
+    "models": "model",
+    "memory": "memory device",
+}
+
+Entry = dict[str, Any]
+
+
+class _Invalid(Exception):
+    """A value breaks its field's rule (turned into a one-line ValueError by the caller)."""
+
+
+FieldKind = Literal["number", "integer", "text", "flag", "choice", "ref"]
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One field of a section: the rule text for messages and a parser that normalises a value."""
+
+    rule: str
+    parse: Callable[[Any], Any]
+    kind: FieldKind
+    ref_kind: str | None = None  # for kind "ref": the `kind` the named link must have
+    required: bool = True  # a new entry must set it
+
+    def optional(self) -> _Field:
+        return replace(self, required=False)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(ok: Callable[[float], bool]) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if _is_number(value) and ok(value):
+            return float(value)
+        raise _Invalid
+
+    return parse
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise _Invalid
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str) and value.strip():
+        return value
+    raise _Invalid
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _Invalid
+
+
+def _choice(*options: str) -> _Field:
+    def parse(value: Any) -> str:
+        if value in options:
+            return value
+        raise _Invalid
+
+    return _Field(" or ".join(repr(o) for o in options), parse, "choice")
+
+
+def _link_ref(kind: str, *, optional: bool = False) -> _Field:
+    """A field naming an entry of `links` whose `kind` is `kind` (checked once all files are read)."""
+
+    def parse(value: Any) -> str:
+        if isinstance(value, str) and (value or optional):
+            return value
+        raise _Invalid
+
+    rule = f"the key of a {kind} link" + (' or ""' if optional else "")
+    return _Field(rule, parse, "ref", ref_kind=kind)
+
+
+_TEXT = _Field("a non-empty string", _text, "text")
+_POSITIVE = _Field("a positive number", _number(lambda v: v > 0), "number")
+_NONNEGATIVE = _Field("a number >= 0", _number(lambda v: v >= 0), "number")
+_FRACTION = _Field("a number in (0, 1]", _number(lambda v: 0 < v <= 1), "number")
+_FRACTION_OR_ZERO = _Field("a number in [0, 1]", _number(lambda v: 0 <= v <= 1), "number")
+_COUNT = _Field("a positive integer", _positive_int, "integer")
+_FLAG = _Field("true or false", _flag, "flag")
+
+_SCHEMA: dict[Section, dict[str, _Field]] = {
+    "gpus": {
+        "name": _TEXT,
+        "vendor": _TEXT,
+        "peak_tflops_bf16": _NONNEGATIVE,
+        "peak_tflops_fp16": _NONNEGATIVE,
+        "peak_tflops_fp8": _NONNEGATIVE,
+        "peak_tflops_fp32": _NONNEGATIVE,
+        "gemm_eff_bf16": _FRACTION,
+        "gemm_eff_fp8": _FRACTION_OR_ZERO,
+        "hbm_capacity_GiB": _POSITIVE,
+        "hbm_bw_GBps": _POSITIVE,
+        "scaleup_link": _link_ref("scaleup"),
+        "scaleup_domain": _COUNT,
+        "gpus_per_node": _COUNT,
+        "host_link": _link_ref("host"),
+        "nic": _link_ref("scaleout"),
+        "nics_per_gpu": _POSITIVE,
+        "tdp_W": _POSITIVE,
+        "price_usd": _POSITIVE.optional(),  # capex per GPU: listed and cited, not read by the model
+        "price_usd_per_hour": _POSITIVE,
+        # Optional, read by hetersim.build when present:
+        "attn_eff_fwd": _FRACTION.optional(),  # flash-attention forward TFLOP/s / bf16 dense peak
+        "attn_eff_bwd": _FRACTION.optional(),  # flash-attention backward TFLOP/s / bf16 dense peak
+        "sm_count": _COUNT,  # SMs / compute units: GEMM tiles run in waves of this many
+        "aliases": _TEXT.optional(),  # other names the key is looked up by, comma-separated
+        "attn2_eff_fwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, forward (default: attn_eff_fwd)
+        "attn2_eff_bwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, backward (default: attn_eff_bwd)
+        "flash_attention": _FLAG.optional(),  # the device runs flash-attention kernels
+        "host_dram_GiB": _POSITIVE.optional(),  # host DRAM per node
+        "cpu_adam_Gparams_per_s": _POSITIVE.optional(),  # host CPU-Adam throughput per node
+        # Memory tiers (read by hetersim.tiers when present; see hetersim/tiers.py):
+        "host_dram_channels": _COUNT.optional(),  # DRAM channels per node (all sockets)
+        "host_dram_channel": _TEXT.optional(),  # memory device key of one channel (kind "dram")
+        "gpus_per_host_link": _COUNT.optional(),  # GPUs behind one upstream PCIe link / root port
+        "host_path_GBps": _POSITIVE.optional(),  # measured GPU<->host bandwidth, all GPUs at once
+        "cxl_expander": _TEXT.optional(),  # "DEVICE:COUNT" CXL expanders per node
+        "cxl_pool": _TEXT.optional(),  # "DEVICE:NHOSTS[:LEVELS]" CXL pool behind a switch
+        "cxl_p2p": _FLAG.optional(),  # GPUs reach CXL memory peer-to-peer (CXL 3.x what-if)
+        "cxl_expander_GBps": _POSITIVE.optional(),  # what-if: bandwidth of one expander (overrides the device's)
+        "cxl_pool_GBps": _POSITIVE.optional(),  # what-if: bandwidth of the pool (overrides the device's)
+    },
+    "links": {
+        "name": _TEXT,
+        "kind": _choice("scaleup", "host", "scaleout"),
+        "bw_GBps": _POSITIVE,
+        "latency_us": _POSITIVE,
+        "busbw_eff": _FRACTION,
+        # Optional: per-step latency of NCCL's low-latency protocols (absent: Simple only).
+        "latency_ll_us": _POSITIVE.optional(),
+        "latency_ll128_us": _POSITIVE.optional(),
+    },
+    "models": {
+        "name": _TEXT,
+        "layers": _COUNT,
+        "hidden": _COUNT,
+        "heads": _COUNT,
+        "kv_heads": _COUNT,
+        "ffn_hidden": _COUNT,
+        "vocab": _COUNT,
+        "mlp": _choice("gated", "plain"),
+        "seq_len": _COUNT,
+        "tied_embeddings": _FLAG,
+        # Optional, read by hetersim.build when present (defaults follow `mlp`):
+        "dropout": _FLAG.optional(),
+        "rope": _FLAG.optional(),
+    },
+    "memory": {
+        "name": _TEXT,
+        "kind": _choice("dram", "cxl-expander", "cxl-pool", "cxl-switch"),
+        "bw_GBps": _POSITIVE,
+        "latency_ns": _POSITIVE,
+        "capacity_GiB": _NONNEGATIVE,
+        "link": _link_ref("host", optional=True),
+    },
+}
+
+# Provenance: models carry one `source` string, the other sections a `sources` table mapping a
+# field name to where its value comes from. Both are optional on load (a user file need not cite);
+# the packaged catalog is held to "every number has a source" by tests/test_catalog.py.
+_PROVENANCE: dict[Section, str] = {
+    "gpus": "sources",
+    "links": "sources",
+    "models": "source",
+    "memory": "sources",
+}
+
+
+def fields(section: Section) -> tuple[str, ...]:
+    """The fields a new entry of `section` must set (optional fields and provenance excluded)."""
+    return tuple(name for name, spec in _SCHEMA[section].items() if spec.required)
+
+
+def numeric_fields(section: Section) -> tuple[str, ...]:
+    """Fields holding a number, optional ones included (each set one needs a source)."""
+    return tuple(name for name, spec in _SCHEMA[section].items() if spec.kind in ("number", "integer"))

@@ -1,0 +1,251 @@
+"""Predict published training runs and measure the error.
+
+Builds one configuration per row of a runs CSV (:mod:`hetersim.fit.runs`), evaluates all rows in
+one vmapped call and reports the step-time error; :func:`validate_memory` does the same for the
+per-GPU memory of ``data/published_memory.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import build
+from ..simulate import simulate
+from ..specs import Calibration
+from .runs import (
+    Row,
+    candidates,
+    cxl_defaults,
+    default_runs_path,
+    measured_step_time,
+    read_runs,
+    read_text,
+    row_inputs,
+    row_system,
+    source_label,
+)
+
+
+def _stack(xs):
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
+
+
+@jax.jit
+def _predict(models, systems, plans, cal: Calibration):
+    return jax.vmap(simulate, in_axes=(0, 0, 0, None))(models, systems, plans, cal)
+
+
+@dataclasses.dataclass
+class Prepared:
+    rows: list[Row]
+    models: Any
+    systems: Any
+    plans: Any
+    measured: np.ndarray
+    kinds: list[str]
+    substituted: list[str]  # "" or "recompute=full" for rows whose assumed value was replaced
+
+
+def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prepared:
+    """Specs of every row (with assumed values substituted where the row cannot run as written)."""
+    flat_m, flat_s, flat_p, owner, plans_raw = [], [], [], [], []
+    measured, kinds, devices = [], [], []
+    for i, row in enumerate(rows):
+        inp = row_inputs(row, catalog, path)
+        model = build.model_spec(inp["model"])
+        devices.append(cxl_defaults(inp))
+        system = row_system(row, inp, catalog, path, devices[-1])
+        for cand in candidates(row, inp):
+            try:
+                flat_p.append(build.plan_spec(**cand))
+            except ValueError as e:
+                raise ValueError(f"{path}: row {row.id}: {e}") from None
+            flat_m.append(model)
+            flat_s.append(system)
+            owner.append(i)
+            plans_raw.append(cand)
+        st, kind = measured_step_time(row, inp, path)
+        measured.append(st)
+        kinds.append(kind)
+    models, systems, plans = _stack(flat_m), _stack(flat_s), _stack(flat_p)
+    flags = np.asarray(_predict(models, systems, plans, cal).infeasible)
+    owner = np.array(owner)
+    pick, substituted = [], []
+    for i in range(len(rows)):
+        idx = np.flatnonzero(owner == i)
+        ok = idx[flags[idx] == 0]
+        j = int(ok[0]) if ok.size else int(idx[0])
+        pick.append(j)
+        changed = [f"{k}={v}" for k, v in plans_raw[j].items() if plans_raw[int(idx[0])][k] != v]
+        changed += [f"{k}={v}" for k, v in devices[i].items()]
+        substituted.append(",".join(changed))
+    take = lambda tree: jax.tree.map(lambda a: a[np.array(pick)], tree)  # noqa: E731
+    return Prepared(list(rows), take(models), take(systems), take(plans), np.array(measured), kinds, substituted)
+
+
+def predict(prep: Prepared, cal: Calibration):
+    return _predict(prep.models, prep.systems, prep.plans, cal)
+
+
+def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dict[str, Any]:
+    prep = prepare(rows, catalog, cal, path)
+    out = predict(prep, cal)
+    measured = prep.measured
+    pred = np.asarray(out.step_time_s, dtype=np.float64)
+    flags = np.asarray(out.infeasible)
+    feasible = flags == 0
+    err = np.where(feasible, (pred - measured) / measured * 100.0, 100.0)
+    report_rows = []
+    for i, row in enumerate(rows):
+        report_rows.append(
+            dict(
+                id=row.id,
+                model=row.fields["model"],
+                gpu=row.fields["gpu"],
+                n_gpus=int(float(row.fields["n_gpus"])),
+                layout=_layout(row.fields),
+                source=source_label(row.source),
+                measured_from=prep.kinds[i],
+                measured_step_time_s=float(measured[i]),
+                predicted_step_time_s=float(pred[i]),
+                error_pct=float(err[i]),
+                feasible=bool(feasible[i]),
+                infeasible_code=int(flags[i]),
+                complete=row.complete,
+                substituted=prep.substituted[i],
+                stack=row.stack.key if row.stack else "",
+                hbm_used_GiB=float(np.asarray(out.hbm_used_GiB)[i]),
+            )
+        )
+    return summarize(report_rows)
+
+
+def _layout(f: Mapping[str, str]) -> str:
+    parts = [f"tp{f['tp']}", f"pp{f['pp']}"]
+    if f["vp"] not in ("", "1"):
+        parts.append(f"vp{f['vp']}")
+    parts += [f"dp{f['dp']}"]
+    if f["cp"] not in ("", "1"):
+        parts.append(f"cp{f['cp']}")
+    if f["zero"] not in ("", "0"):
+        parts.append(f"z{f['zero']}")
+    parts.append(f"mb{f['micro_batch']}")
+    parts.append(f"gb{f['global_batch']}")
+    return "-".join(parts)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    abs_err = np.array([abs(r["error_pct"]) for r in rows])
+    complete = np.array([r["complete"] for r in rows])
+    per_source: dict[str, dict[str, float]] = {}
+    for label in dict.fromkeys(r["source"] for r in rows):
+        e = np.array([abs(r["error_pct"]) for r in rows if r["source"] == label])
+        per_source[label] = {"n": int(e.size), "mape_pct": float(e.mean()), "max_abs_error_pct": float(e.max())}
+    return {
+        "n_runs": len(rows),
+        "mape_step_time_pct": float(abs_err.mean()),
+        "mape_step_time_pct_complete": float(abs_err[complete].mean()) if complete.any() else float("nan"),
+        "n_complete": int(complete.sum()),
+        "max_abs_error_pct": float(abs_err.max()),
+        "n_infeasible": int(sum(not r["feasible"] for r in rows)),
+        "per_source": per_source,
+        "rows": rows,
+    }
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+MEMORY_COLUMNS = ("source", "model", "gpu", "n_gpus", "tp", "pp", "dp", "cp", "micro_batch", "seq_len",
+                  "recompute", "sp", "component", "value", "unit", "notes")  # fmt: skip
+
+
+def default_memory_path() -> Path:
+    return Path(str(resources.files("hetersim") / "data" / "published_memory.csv"))
+
+
+def _component(out, i: int, component: str) -> float | None:
+    c = component.lower()
+    if c.startswith("params+grads+optimizer"):
+        return float(out.weights_GiB[i] + out.grads_GiB[i] + out.optimizer_GiB[i])
+    if c == "activations":
+        return float(out.activations_GiB[i])
+    if c.startswith("peak memory"):
+        return float(out.hbm_used_GiB[i])
+    return None
+
+
+def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_path=None) -> dict[str, Any]:
+    """Compare per-GPU memory with ``published_memory.csv``.
+
+    Each memory row is matched to the run of ``published_runs.csv`` with the same model, GPU
+    count, tp, pp, cp and sequence length; its recompute mode, sequence parallelism and
+    micro-batch replace the run's. Rows whose value is not a number (relative figures) or that
+    match no run are listed as skipped.
+    """
+    path = Path(path) if path else default_memory_path()
+    recs = list(csv.DictReader(io.StringIO(read_text(path, "memory"), newline="")))
+    if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
+        raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
+    runs = read_runs(runs_path or default_runs_path())
+    results, skipped = [], []
+    for k, rec in enumerate(recs, start=2):
+        try:
+            value = float(rec["value"])
+        except ValueError:
+            skipped.append(f"line {k}: value {rec['value'][:30]!r} is not a number")
+            continue
+        match = next((r for r in runs if _same_config(r.fields, rec)), None)
+        if match is None:
+            skipped.append(f"line {k}: no run of {rec['model']} with this layout")
+            continue
+        inp = row_inputs(match, catalog, str(path))
+        plan = dict(inp["plan"], micro_batch=int(rec["micro_batch"]))
+        per_step = plan["micro_batch"] * plan["dp"]
+        plan["global_batch"] = max(plan["global_batch"] // per_step, 1) * per_step
+        if rec["recompute"].strip():
+            plan["recompute"] = rec["recompute"].strip()
+        if rec["sp"].strip():
+            plan["sp"] = rec["sp"].strip() == "True"
+        if "optimizer_sharding=false" in rec["notes"]:
+            plan["zero"] = 0
+        model = build.model_spec(inp["model"])
+        system = row_system(None, inp, catalog, "memory", cxl_defaults(inp))
+        out = _predict(_stack([model]), _stack([system]), _stack([build.plan_spec(**plan)]), cal)
+        pred = _component(out, 0, rec["component"])
+        if pred is None:
+            skipped.append(f"line {k}: component {rec['component']!r} is not modelled")
+            continue
+        results.append(
+            dict(
+                model=rec["model"],
+                layout=f"tp{rec['tp']}-pp{rec['pp']}-dp{rec['dp']}-cp{rec['cp']}",
+                recompute=plan["recompute"],
+                component=rec["component"],
+                measured_GiB=value,
+                predicted_GiB=pred,
+                error_pct=(pred - value) / value * 100.0,
+            )  # fmt: skip
+        )
+    errs = np.array([abs(r["error_pct"]) for r in results]) if results else np.array([np.nan])
+    return {"n": len(results), "mape_pct": float(np.mean(errs)), "rows": results, "skipped": skipped}
+
+
+def _same_config(run: Mapping[str, str], mem: Mapping[str, str]) -> bool:
+    def num(x):
+        try:
+            return float(x)
+        except ValueError:
+            return None
+
+    same = all(num(run[c]) == num(mem[c]) for c in ("n_gpus", "tp", "pp", "cp", "seq_len"))
+    return same and run["model"].strip().lower().startswith(mem["model"].strip().lower())
