@@ -18,6 +18,8 @@ from .planfields import AUTO, derived_dp, resolve_sp
 from .types import FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
+# Plan fields the front door takes from the model entry when not given.
+FROM_MODEL = ("seq_len",)
 
 
 @dataclasses.dataclass(frozen=True)

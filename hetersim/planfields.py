@@ -58,6 +58,8 @@ class PlanField:
     flag: str = ""
     auto_rule: str = ""
     zero_means: str = ""  # what a 0 means where 0 is allowed
+    help: str = ""  # the CLI's help text, where the long name is not enough
+    off_flag: str = ""  # a boolean's negative CLI flag (``--no-sp``)
 
     @property
     def leaf(self) -> str:
@@ -80,21 +82,54 @@ class PlanField:
 
 
 FIELDS: tuple[PlanField, ...] = (
-    PlanField("n_gpus", "int", REQUIRED, "number of GPUs", layout=True, axis=False, flag="--gpus"),
+    PlanField("n_gpus", "int", REQUIRED, "number of GPUs", layout=True, flag="--gpus", help="Number of GPUs."),
     PlanField("tp", "int", 1, "tensor-parallel size", label="tp", axis=True, layout=True),
     PlanField("pp", "int", 1, "pipeline-parallel size", label="pp", axis=True, layout=True),
     PlanField("cp", "int", 1, "context-parallel size", label="cp", axis=True, layout=True),
     PlanField("micro_batch", "int", 1, "micro-batch size", "sequences", label="mb", axis=True, layout=True),
     PlanField("global_batch", "int", REQUIRED, "global batch size", "sequences", label="gb", axis=True, layout=True),
     PlanField(
-        "dp", "int", AUTO, "data-parallel size, n_gpus / (tp*pp*cp)", label="dp", auto_rule="n_gpus / (tp*pp*cp)"
+        "dp",
+        "int",
+        AUTO,
+        "data-parallel size, n_gpus / (tp*pp*cp)",
+        label="dp",
+        auto_rule="n_gpus / (tp*pp*cp)",
+        help="Data-parallel size (default: gpus/(tp*pp*cp)).",
     ),
-    PlanField("vp", "int", 1, "virtual pipeline chunks per stage", label="vp", axis=True),
-    PlanField("zero", "int", 0, "ZeRO stage (3 = FSDP)", label="z", axis=True, lo=0, hi=3),
+    PlanField(
+        "vp",
+        "int",
+        1,
+        "virtual pipeline chunks per stage",
+        label="vp",
+        axis=True,
+        help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1).",
+    ),
+    PlanField("zero", "int", 0, "ZeRO stage (3 = FSDP)", label="z", axis=True, lo=0, hi=3, help="ZeRO stage 0-3."),
     PlanField("recompute", "choice", "none", "activation recomputation", label="rc", axis=True, options=Recompute),
-    PlanField("sp", "bool", AUTO, "sequence parallelism", label="sp", axis=True, auto_rule="on when tp > 1"),
+    PlanField(
+        "sp",
+        "bool",
+        AUTO,
+        "sequence parallelism",
+        label="sp",
+        axis=True,
+        auto_rule="on when tp > 1",
+        off_flag="--no-sp",
+        help="Sequence parallelism (default: on when tp > 1).",
+    ),
     PlanField("precision", "choice", "bf16", "training precision", axis=True, options=Precision),
-    PlanField("seq_len", "int", REQUIRED, "sequence length", "tokens", label="seq", axis=True),
+    PlanField(
+        "seq_len",
+        "int",
+        REQUIRED,
+        "sequence length",
+        "tokens",
+        label="seq",
+        axis=True,
+        help="Sequence length (default: the model's).",
+    ),
     PlanField("attention", "choice", "flash", "attention kernel", axis=True, options=Attention),
     PlanField(
         "order",
@@ -105,16 +140,38 @@ FIELDS: tuple[PlanField, ...] = (
         axis=True,
         options=Order,
     ),
-    PlanField("train_tokens", "float", 2.0e12, "token budget to train", "tokens"),
-    PlanField("offload", "offload", None, "memory tier of each offloaded state"),
+    PlanField(
+        "train_tokens", "float", 2.0e12, "token budget to train", "tokens", help="Token budget for time/cost/energy."
+    ),
+    PlanField(
+        "offload",
+        "offload",
+        None,
+        "memory tier of each offloaded state",
+        help="STATE:TIER, repeatable; states "
+        + "|".join(OffloadState.names())
+        + ", tiers "
+        + "|".join(Tier.names()[1:]),
+    ),
     PlanField(
         "cpu_optimizer",
         "bool",
         AUTO,
         "optimizer step on the host CPU (DeepSpeed CPU-Adam)",
         auto_rule="on when the optimizer states are offloaded",
+        off_flag="--gpu-optimizer",
+        help="Offloaded optimizer: step on the host CPU (DeepSpeed CPU-Adam; default) or stream states to the GPU.",
     ),
-    PlanField("bucket_Mparams", "float", 0.0, "DP/ZeRO collective granularity", "1e6", lo=0.0, zero_means="default"),
+    PlanField(
+        "bucket_Mparams",
+        "float",
+        0.0,
+        "DP/ZeRO collective granularity",
+        "1e6",
+        lo=0.0,
+        zero_means="default",
+        help="DP/ZeRO bucket in 1e6 parameters (0: the stack's default).",
+    ),
     PlanField(
         "reuse_Mparams",
         "float",
@@ -123,6 +180,7 @@ FIELDS: tuple[PlanField, ...] = (
         "1e6",
         lo=0.0,
         zero_means="FSDP, keeps gathered weights",
+        help="ZeRO-3 reuse distance in 1e6 parameters (DeepSpeed's stage3_max_reuse_distance; 0: FSDP).",
     ),
 )
 BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}

@@ -20,7 +20,7 @@ from dse.bench import run_bench
 from dse.metrics import METRICS, STEP_TERM_LABELS
 from dse.pareto import pareto_mask
 from dse.study import DEFAULT_STUDY, load_study, parse_study
-from dse.sweep_cli import sweep_command
+from dse.cli.sweep import sweep_command
 from hetersim import build
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration

@@ -1,4 +1,4 @@
-"""``hetersim optimize`` and ``hetersim sensitivity`` as plain functions (registered in :mod:`dse.cli`).
+"""``hetersim optimize`` (the command) and the plain functions behind it and ``sensitivity``.
 
 Bad input raises ``ValueError`` with one line naming the flag or key (the CLI prints it and exits
 2); Ctrl-C during a search fails the trials in flight (a rerun resumes) and exits 130.
@@ -10,10 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.markup import escape
 from rich.table import Table
 
 from dse import format as fmt
+
+from .app import app, positive, user_errors
 
 INTERRUPTED_EXIT = 130
 PARETO_ROWS = 10
@@ -220,3 +223,25 @@ def print_sensitivity(con, r: Mapping[str, Any], top: int) -> None:
         con.print(
             f"{still} parameters do not move {r['metric']} here (unused tiers and levels, capacity with slack, ...)"
         )
+
+
+@app.command("optimize")
+@user_errors
+def optimize_cmd(
+    study: Path = typer.Argument(..., help="Optimize study TOML: a study file with a [search] table."),
+    trials: int = typer.Option(200, "--trials", help="Trials the study should hold (a rerun resumes; 0 only writes)."),
+    sampler: str = typer.Option(
+        "auto", "--sampler", help="auto|nsga2|tpe|random|grid (auto: NSGA-II, or TPE for one objective)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed; the same seed reproduces a run."),
+    out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
+    storage: str | None = typer.Option(
+        None, "--storage", help="Journal file or RDB URL (sqlite:///x.db, postgresql://...) shared by workers."
+    ),
+    study_name: str | None = typer.Option(None, "--study-name", help="Optuna study name (default: the study's)."),
+    batch: int = typer.Option(32, "--batch", help="Trials asked, solved in one vectorized call and told together."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Search the hardware with Optuna, solving every layout of each trial at once; write all trials."""
+    positive("--batch", batch)
+    optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)

@@ -1,4 +1,4 @@
-"""``hetersim report`` as a plain function (registered in :mod:`dse.cli`).
+"""``hetersim report``: the command and the plain function behind it.
 
 Bad input raises ``ValueError`` (the CLI prints it on one line and exits 2).
 """
@@ -8,7 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from dse import format as fmt
+
+from .app import app, user_errors
 
 
 def report_command(path: Path, out: Path | None, json_out: bool, validation: bool = True) -> dict[str, Any]:
@@ -40,3 +44,15 @@ def report_command(path: Path, out: Path | None, json_out: bool, validation: boo
     con.print(f"{len(s['figures'])} figures (PNG + SVG) -> {report.out_dir}")
     con.print(f"wrote {report.index}")
     return s
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    path: Path = typer.Argument(..., help="Results dataset (.nc) from `hetersim sweep` or `hetersim optimize`."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder [default: results/X.nc -> results/X/]."),
+    no_validation: bool = typer.Option(False, "--no-validation", help="Skip the model's validation run (~10 s)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (Pareto set, figures, validation) as JSON."),
+) -> None:
+    """Write an offline HTML report: Pareto fronts, breakdowns, memory, heat maps, validation error."""
+    report_command(path, out, as_json, validation=not no_validation)

@@ -1,4 +1,4 @@
-"""``hetersim sweep`` and ``hetersim bench`` as plain functions (registered in :mod:`dse.cli`).
+"""``hetersim sweep`` and ``hetersim bench``: the commands and the plain functions behind them.
 
 Bad input raises ``ValueError`` (the CLI prints it on one line and exits 2); Ctrl-C during a
 sweep keeps the finished chunks and exits 130.
@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.table import Table
 
 from dse import format as fmt
+
+from .app import app, positive, user_errors
 
 INTERRUPTED_EXIT = 130
 
@@ -122,3 +125,41 @@ def bench_command(configs: int, chunk: int, json_path: Path | None) -> dict[str,
         fmt.write_json_atomic(json_path, result)
         con.print(f"wrote {json_path}")
     return result
+
+
+@app.command("sweep")
+@user_errors
+def sweep_cmd(
+    study: Path | None = typer.Argument(None, help="Study TOML [default: the packaged default study]."),
+    out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
+    chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
+    scheduler: str | None = typer.Option(None, "--scheduler", help="Dask scheduler address (tcp://host:8786)."),
+    workers: int = typer.Option(0, "--workers", help="Start a local Dask cluster with N workers."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    stream: bool | None = typer.Option(
+        None,
+        "--stream/--no-stream",
+        help="Keep only the top-k per objective, the Pareto set and per-axis summaries "
+        "[default: stream spaces of 1e8 configurations or more].",
+    ),
+    top_k: int = typer.Option(100, "--top-k", help="Configurations kept per objective when streaming."),
+) -> None:
+    """Evaluate every configuration of a study; write a netCDF dataset and print the best ones."""
+    positive("--chunk", chunk)
+    positive("--top-k", top_k)
+    if workers < 0:
+        raise ValueError(f"--workers must be >= 0; got {workers}")
+    sweep_command(study, out, chunk, scheduler, workers, as_json, stream=stream, top_k=top_k)
+
+
+@app.command("bench")
+@user_errors
+def bench_cmd(
+    configs: int = typer.Option(1_000_000, "--configs", help="Configurations to evaluate."),
+    chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the figures as JSON to this file."),
+) -> None:
+    """Measure configurations per second, compile time and peak memory of the vectorized model."""
+    positive("--configs", configs)
+    positive("--chunk", chunk)
+    bench_command(configs, chunk, json_path)

@@ -1,0 +1,101 @@
+"""``hetersim evaluate`` and ``hetersim sensitivity``: one configuration, from flags.
+
+Both take the same options (:data:`dse.cli.options.CONFIGURATION_OPTIONS`) and build the
+configuration with :func:`hetersim.api.configure`; the CLI only maps flags to fields and back.
+"""
+
+from typing import Any
+
+import typer
+
+from dse import format as fmt
+from hetersim.catalog import load_catalog
+from hetersim.outputs import STEP_TERMS
+
+from .app import app, user_errors
+from .options import CONFIGURATION_OPTIONS, check_model, pairs, with_flag, with_options
+
+
+def configuration(
+    *,
+    gpus,
+    global_batch,
+    model=None,
+    gpu=None,
+    offload=(),
+    catalog_files=(),
+    overrides=(),
+    layers=None,
+    hidden=None,
+    heads=None,
+    kv_heads=None,
+    ffn_hidden=None,
+    vocab=None,
+    mlp=None,
+    **rest,
+):
+    """``evaluate``'s options -> :func:`hetersim.api.configure` (one configuration, evaluated).
+
+    Flags map to the API's fields one to one; an error that names a field is shown with its flag.
+    """
+    from hetersim import api
+
+    if (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
+        raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
+    catalog = load_catalog(list(catalog_files))
+    dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
+    dims = {k: v for k, v in {**dims, "mlp": mlp}.items() if v is not None}
+    check_model(catalog, model, dims)
+    try:
+        return api.configure(
+            model=model if model is not None else dims,
+            gpu=gpu,
+            catalog=catalog,
+            overrides=pairs("--set", list(overrides), "=", "FIELD=VALUE") or None,
+            n_gpus=gpus,
+            global_batch=global_batch,
+            offload=pairs("--offload", list(offload), ":", "STATE:TIER (e.g. optimizer:host-dram)"),
+            **rest,
+        )
+    except ValueError as error:
+        raise with_flag(error) from None
+
+
+@with_options(
+    CONFIGURATION_OPTIONS,
+    as_json=(bool, typer.Option(False, "--json", help="Print one JSON object instead of tables.")),
+)
+def evaluate(**options: Any) -> None:
+    """Evaluate one configuration: step time and its breakdown, throughput, memory, cost, verdict.
+
+    ``--cluster KIND:N,KIND:N`` evaluates a mix of device kinds (``--hetero pipeline|data``)."""
+    as_json = options.pop("as_json")
+    built = configuration(**options)
+    result = fmt.evaluation(built.breakdown, STEP_TERMS, {"model": built.model, "gpu": built.gpu, "plan": built.plan})
+    if built.groups is not None:
+        result["groups"] = built.groups
+    if as_json:
+        typer.echo(fmt.dumps(result))
+    else:
+        fmt.print_evaluation(fmt.console(), result)
+
+
+@with_options(
+    CONFIGURATION_OPTIONS,
+    metric=(str, typer.Option("step_time_s", "--metric", help="Metric to differentiate (step_time_s, ...).")),
+    top=(int, typer.Option(15, "--top", help="How many parameters to list.")),
+    as_json=(bool, typer.Option(False, "--json", help="Print every derivative and elasticity as JSON.")),
+)
+def sensitivity(**options: Any) -> None:
+    """Which hardware upgrade buys the most: d metric / d p and the elasticity of every continuous
+    hardware parameter of one configuration (given as for ``evaluate``)."""
+    from .optimize import sensitivity_report
+
+    metric, top, as_json = options.pop("metric"), options.pop("top"), options.pop("as_json")
+    if options.get("cluster"):
+        raise ValueError("--cluster: sensitivity works on one device kind; give --gpu")
+    sensitivity_report(configuration(**options), metric=metric, top=top, json_out=as_json)
+
+
+app.command("evaluate")(user_errors(evaluate))
+app.command("sensitivity")(user_errors(sensitivity))

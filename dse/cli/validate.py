@@ -1,0 +1,100 @@
+"""``hetersim validate`` and ``hetersim calibrate``: the model against measured runs."""
+
+from pathlib import Path
+
+import typer
+
+from dse import format as fmt
+from hetersim.catalog import load_catalog
+
+from .app import app, positive, user_errors
+
+VALIDATION_KEYS = ("n_runs", "mape_step_time_pct", "mape_step_time_pct_complete", "max_abs_error_pct", "per_source")
+
+
+@app.command("validate")
+@user_errors
+def validate_cmd(
+    runs: Path | None = typer.Option(None, "--runs", help="Runs CSV (default: the packaged published runs)."),
+    memory: Path | None = typer.Option(None, "--memory", help="Measured-memory CSV to validate as well."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+    worst: int = typer.Option(5, "--worst", help="How many of the worst rows to list again."),
+    catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
+    stacks_file: Path | None = typer.Option(
+        None, "--stacks", help="Software-stack facts TOML matched by each row's source (default: the packaged one)."
+    ),
+) -> None:
+    """Predict published training runs and report the step-time error."""
+    from hetersim.fit import validation
+    from hetersim.fit.runs import default_runs_path, read_runs
+    from hetersim.fit.stacks import load_stacks
+
+    if worst < 0:
+        raise ValueError(f"--worst must be a non-negative integer; got {worst}")
+    catalog = load_catalog(catalog_files)
+    path = runs or default_runs_path()
+    rows = read_runs(path, load_stacks(stacks_file))
+    validate_memory = getattr(validation, "validate_memory", None)
+    if memory is not None and validate_memory is None:
+        raise ValueError("--memory: this version has no memory validation (hetersim.fit.validation.validate_memory)")
+    from hetersim.api import default_calibration
+
+    cal = default_calibration()
+    report = validation.validate(rows, catalog, cal, path=str(path))
+    memory_report = validate_memory(memory, catalog, cal) if memory is not None else None
+
+    con = fmt.console()
+    fmt.print_validation(con, report, worst)
+    if memory_report is not None:
+        fmt.print_summary(con, "Memory validation", memory_report)
+    if json_out is not None:
+        doc = {key: report[key] for key in VALIDATION_KEYS}
+        doc.update({k: v for k, v in report.items() if k not in doc})
+        doc["runs_path"] = str(path)
+        if memory_report is not None:
+            doc["memory"] = memory_report
+        fmt.write_json_atomic(json_out, doc)
+        con.print(f"wrote {json_out}")
+
+
+@app.command("calibrate")
+@user_errors
+def calibrate_cmd(
+    runs: Path | None = typer.Option(None, "--runs", help="Runs CSV (default: the packaged published runs)."),
+    steps: int = typer.Option(300, "--steps", help="Gradient steps."),
+    out: Path | None = typer.Option(None, "--out", help="Calibration TOML to write (default: the packaged one)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Fit and report, write nothing."),
+    catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fitted values and MAPE as JSON."),
+    cross_validate: bool = typer.Option(
+        False, "--cross-validate", help="Leave one source out at a time: fit on the rest, report the held-out error."
+    ),
+) -> None:
+    """Fit the global calibration constants to the published runs; print MAPE before and after."""
+    from hetersim.fit import calibration
+
+    positive("--steps", steps)
+    if cross_validate:
+        cv = calibration.cross_validate(runs, load_catalog(catalog_files), steps=steps)
+        if as_json:
+            typer.echo(fmt.dumps(cv))
+        else:
+            fmt.print_summary(fmt.console(), "Leave-one-source-out cross-validation", cv)
+        return
+    start = calibration.load_calibration()
+    result = calibration.calibrate(runs, load_catalog(catalog_files), steps=steps, start=start)
+    path = out or calibration.calibration_path()
+    if not dry_run:
+        calibration.write_calibration(path, result["values"], result["meta"])
+    summary = {
+        "mape_before_pct": result["before"]["mape_step_time_pct"],
+        "mape_after_pct": result["after"]["mape_step_time_pct"],
+        "final_loss": result["history"][-1] if result["history"] else None,
+        "start_values": start,
+        "values": result["values"],
+        "written": None if dry_run else str(path),
+    }
+    if as_json:
+        typer.echo(fmt.dumps(summary))
+    else:
+        fmt.print_summary(fmt.console(), "Calibration", summary)
