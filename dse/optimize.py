@@ -35,7 +35,8 @@ from dse.metrics import METRICS
 from dse.pareto import pareto_mask
 from dse.search_space import SearchSpace, load_search
 from dse.study import CATEGORICAL, PLAN_AXES
-from dse.sweep import COORD_ATTRS, package_versions
+from dse.sweep.checkpoints import package_versions
+from dse.sweep.dataset import COORD_ATTRS
 
 SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
 RDB_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
