@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.inner import InnerSolver
 from dse.metrics import METRICS
 from dse.optimize.storage import fingerprint
@@ -201,15 +201,9 @@ def _optuna_version() -> str:
 
 
 def write_atomic(ds: Any, path: Path) -> None:
-    """netCDF4 (zlib) at a temporary name in the same folder, then ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """netCDF4 (zlib), written atomically (:mod:`dse.atomic`)."""
     encoding = {k: {"zlib": True, "complevel": 1} for k in ds.data_vars}
-    try:
-        ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic.atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding))
 
 
 def save_journal(study: Any, path: Path) -> None:
@@ -217,9 +211,8 @@ def save_journal(study: Any, path: Path) -> None:
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
+    def write(tmp: Path) -> None:
+        tmp.unlink()  # the journal starts a file of its own
         target = optuna.storages.JournalStorage(JournalFileBackend(str(tmp)))
         optuna.copy_study(
             from_study_name=study.study_name,
@@ -227,9 +220,8 @@ def save_journal(study: Any, path: Path) -> None:
             to_storage=target,
             to_study_name=study.study_name,
         )
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic.atomic_write(path, write)
 
 
 def describe_trial(ds: Any, i: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dse import atomic
 from dse.report.page import (
     best_lines,
     pareto_records,
@@ -75,9 +76,7 @@ def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, vali
         ]
         page = render_page(r, pareto, body, v)
         index = out / "index.html"
-        tmp = out / ".index.html.tmp"
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(index)
+        atomic.write_text(index, page)
         summary = {
             "study": r.ds.attrs.get("study_name", r.path.stem),
             "dataset": str(r.path),

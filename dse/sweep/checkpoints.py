@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from collections.abc import Mapping
 from importlib import metadata
@@ -15,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dse import atomic
 from dse.sweep.space import Space
 from hetersim import build
 from hetersim.specs import Calibration
@@ -62,7 +62,7 @@ def checkpoint_folder(path: Path) -> Path:
 
 class Checkpoints:
     """``<out>.chunks/``: one ``chunk_NNNNNN.npz`` per finished chunk and a ``manifest.json``
-    naming the fingerprint they belong to. Files are written to a temporary name and renamed."""
+    naming the fingerprint they belong to. Files are written atomically (:mod:`dse.atomic`)."""
 
     def __init__(self, folder: Path, fp: str, n_chunks: int):
         self.folder = folder
@@ -77,7 +77,7 @@ class Checkpoints:
                 self.clear()
         folder.mkdir(parents=True, exist_ok=True)
         if not manifest.is_file():
-            _atomic_write_bytes(manifest, json.dumps({"fingerprint": fp, "n_chunks": n_chunks}).encode())
+            atomic.write_bytes(manifest, json.dumps({"fingerprint": fp, "n_chunks": n_chunks}).encode())
 
     def path(self, index: int) -> Path:
         return self.folder / f"chunk_{index:06d}.npz"
@@ -86,7 +86,7 @@ class Checkpoints:
         return {i for i in range(self.n_chunks) if self.path(i).is_file()}
 
     def save(self, index: int, arrays: Mapping[str, np.ndarray]) -> None:
-        _atomic_savez(self.path(index), arrays)
+        _savez(self.path(index), arrays)
 
     def load(self, index: int) -> dict[str, np.ndarray]:
         with np.load(self.path(index)) as data:
@@ -98,7 +98,7 @@ class Checkpoints:
 
     def save_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         """The reduced state of a streamed sweep (one file, replaced atomically)."""
-        _atomic_savez(self.state_path, arrays)
+        _savez(self.state_path, arrays)
 
     def load_state(self) -> dict[str, np.ndarray] | None:
         if not self.state_path.is_file():
@@ -111,23 +111,14 @@ class Checkpoints:
         if not self.folder.is_dir():
             return
         for path in self.folder.iterdir():
-            if path.name.startswith(("manifest.json", "chunk_", "state.npz")):
+            if path.name.removeprefix(".").startswith(("manifest.json", "chunk_", "state.npz")):  # and temporaries
                 path.unlink()
         self.folder.rmdir()
 
 
-def _atomic_savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    tmp = path.with_suffix(".npz.tmp")
-    try:
-        with tmp.open("wb") as handle:
+def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as handle:  # a handle: np.savez would add ".npz" to a path
             np.savez(handle, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic.atomic_write(path, write)

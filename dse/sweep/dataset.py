@@ -10,13 +10,13 @@ metric of :data:`dse.metrics.METRICS` with ``units`` and ``long_name``, then
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.metrics import METRICS
 from dse.study import Study
 from dse.sweep.checkpoints import Checkpoints, package_versions
@@ -59,7 +59,7 @@ def variables() -> list[str]:
 def write_dataset(
     path: Path, study: Study, space: Space, ckpt: Checkpoints, chunk: int, fp: str, cal: Calibration
 ) -> None:
-    """Stream the checkpoints into a netCDF4 file (zlib) at a temporary name, then rename it.
+    """Stream the checkpoints into a netCDF4 file (zlib), written atomically (:mod:`dse.atomic`).
 
     One ``config`` dimension; the columns are coordinates along it (categoricals as small int
     codes with CF ``flag_values``/``flag_meanings``); one variable per metric with ``units`` and
@@ -68,10 +68,10 @@ def write_dataset(
     import netCDF4
 
     size = space.size
-    tmp = path.with_name(f".{path.name}.tmp")
     rows = min(size, 1 << 16)
     opts = dict(zlib=True, complevel=COMPRESSION_LEVEL, shuffle=True, chunksizes=(rows,))
-    try:
+
+    def write(tmp: Path) -> None:
         with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
             nc.createDimension("config", size)
             define_config_variables(nc, space, opts)
@@ -86,10 +86,8 @@ def write_dataset(
                 for name, values in ckpt.load(index).items():
                     nc[name][lo:hi] = values
             nc.setncatts(dataset_attrs(study, space, chunk, fp, cal))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    atomic.atomic_write(path, write)
 
 
 def define_config_variables(nc, space: Space, opts: Mapping[str, Any], extra_coords: str = "") -> None:

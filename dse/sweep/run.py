@@ -2,7 +2,7 @@
 
 Each finished chunk is checkpointed to ``<out>.chunks/`` (:mod:`dse.sweep.checkpoints`), so an
 interrupted sweep resumes where it stopped; the final dataset is written to netCDF4 (zlib)
-through a temporary file and ``os.replace`` (:mod:`dse.sweep.dataset`), or, for a streamed sweep,
+atomically (:mod:`dse.atomic`; :mod:`dse.sweep.dataset`), or, for a streamed sweep,
 only what :class:`dse.sweep.stream.Reducer` keeps (:func:`dse.sweep.stream.write_streamed`).
 """
 

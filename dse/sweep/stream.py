@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.metrics import METRICS
 from dse.pareto import pareto_mask
 from dse.study import Study
@@ -361,7 +361,7 @@ def write_streamed(
     fp: str,
     cal: Calibration,
 ) -> None:
-    """The netCDF file of a streamed sweep (temporary name, then renamed).
+    """The netCDF file of a streamed sweep, written atomically (:mod:`dse.atomic`).
 
     ``config`` holds only the kept rows, ordered by flat index (the ``config`` coordinate), with
     the columns and variables of a full dataset plus ``kept_because``; per column ``c`` a
@@ -370,16 +370,13 @@ def write_streamed(
     """
     import netCDF4
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    def write(tmp: Path) -> None:
         with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
             _write_kept_rows(nc, space, reducer, state)
             _write_marginals(nc, space, reducer, state)
             nc.setncatts(_streamed_attrs(study, space, reducer, state, chunk, fp, cal))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    atomic.atomic_write(path, write)
 
 
 def _write_kept_rows(nc, space: Space, reducer: Reducer, state: StreamState) -> None:
