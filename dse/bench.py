@@ -2,7 +2,7 @@
 
 The space is a realistic mix: random valid layouts (GPU count, tp, pp, cp, micro- and global
 batch, vp, sequence length) of LLaMA-2-70B and LLaMA-3-405B on H100 and H200, crossed with ZeRO
-stage, recomputation and precision. It runs through the same compiled :func:`dse.sweep.evaluate_chunk`
+stage, recomputation and precision. It runs through the same compiled :func:`dse.sweep.evaluate.evaluate_chunk`
 as a sweep (results pulled to the host, nothing written), and, for comparison, a few hundred
 configurations one at a time through ``jax.jit(simulate)`` with no ``vmap``.
 """
@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from dse.sweep import DEFAULT_CHUNK, Space, evaluate_chunk, layout_rows
+from dse.sweep.evaluate import evaluate_chunk
+from dse.sweep.space import DEFAULT_CHUNK, Space, layout_rows
 from hetersim import build
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from dse import atomic
 from hetersim.types import TIER, Infeasible
 
 DAY = 86400.0
@@ -112,17 +112,8 @@ def dumps(obj: Any) -> str:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file in the same folder and os.replace."""
-    path = Path(path)
-    text = dumps(obj) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`dse.atomic.write_text`)."""
+    atomic.write_text(Path(path), dumps(obj) + "\n")
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ merged on the host.
 A layout's *class* orders the choice: 0 meets every study constraint, 1 runs but violates a
 constraint, 2 does not run (``infeasible`` bits), 3 does not divide the GPU count. A point keeps
 the layout of its lowest class; within class 0 and 2 the one best in the primary objective,
-within class 1 the one with the least total (relative) violation.
+within class 1 the one with the least total (relative) violation. The simulation and the classes
+are those of a sweep (:func:`dse.sweep.evaluate.simulate_batch`,
+:func:`dse.sweep.evaluate.check_constraints`).
 """
 
 from __future__ import annotations
@@ -25,19 +27,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from dse import hw_params
-from dse.metrics import DERIVED, METRICS
+from dse.metrics import METRICS
 from dse.search_space import SearchSpace
 from dse.study import CATEGORICAL, PLAN_AXES, Study
-from dse.sweep import FIXED_FIELDS, columns_plan, space_from_study
+from dse.sweep.evaluate import CLASS_NAMES as CLASS_NAMES  # the classes below
+from dse.sweep.evaluate import check_constraints, simulate_batch
+from dse.sweep.space import columns_plan, space_from_study
 from hetersim import build
-from hetersim.cluster import ClusterSpec, simulate_cluster
+from hetersim.cluster import ClusterSpec
 from hetersim.fit.calibration import load_calibration
-from hetersim.simulate import simulate
 from hetersim.specs import Calibration
 
 CODE_COLUMNS = ("recompute", "sp", "precision", "attention", "order")
 BLOCK = 1 << 15  # configurations per compiled call
-CLASS_NAMES = ("meets constraints", "violates a constraint", "does not run", "does not divide")
 
 _TRACES = 0
 
@@ -117,25 +119,14 @@ def solve_block(
     """
     global _TRACES
     _TRACES += 1
-    k = rows["tp"].shape[0]
     group = rows["tp"] * rows["pp"] * rows["cp"]
 
     def per_point(system, model, n):
         divides = (jnp.mod(n, group) == 0) & (rows["real"] > 0)
         plan = columns_plan(rows, fixed, n_gpus=n, dp=n / group)
-        if isinstance(system, ClusterSpec):  # static: a search over mixes (search.mix)
-            out = jax.vmap(simulate_cluster, in_axes=(None, None, 0, None))(model, system, plan, cal).total
-        else:
-            out = jax.vmap(simulate, in_axes=(None, None, 0, None))(model, system, plan, cal)
-        violations = []
-        for bit, (metric, sense) in enumerate(kinds):
-            value = out.hbm_used_GiB / out.hbm_capacity_GiB if metric in DERIVED else getattr(out, metric)
-            limit = limits[bit]
-            rel = (value - limit) if sense == "max" else (limit - value)
-            violations.append(rel / jnp.abs(limit))
-        violation = jnp.stack(violations) if violations else jnp.zeros((0, k), jnp.float32)
-        total = jnp.sum(jnp.maximum(violation, 0.0), axis=0)
-        cls = jnp.where(~divides, 3, jnp.where(out.infeasible != 0, 2, jnp.where(total > 0, 1, 0)))
+        out = simulate_batch(model, system, plan, cal, shared_hardware=True)  # a mix (search.mix): a cluster
+        checks = check_constraints(out, kinds, limits, divides)
+        cls, total, violation = checks.cls, checks.total, checks.relative
         objective = getattr(out, primary)
         objective = -objective if maximize else objective
         score = jnp.where(cls == 1, total, jnp.where(cls == 3, jnp.inf, objective))
@@ -184,8 +175,7 @@ class InnerSolver:
         self.systems = jax.tree.map(np.asarray, sweep_space.systems)
         self.kinds = sweep_space.kinds
         self.limits = np.asarray(sweep_space.limits, np.float32).reshape(len(sweep_space.limits))
-        base = sweep_space.base_plan
-        self.fixed = {k: np.asarray(getattr(base, k)) for k in FIXED_FIELDS}
+        self.fixed = sweep_space.fixed_arrays()
         self.cal = cal if cal is not None else build.calibration_spec(load_calibration())
         if space.mix is not None:
             counts: Sequence[int] | None = study.axes["n_gpus"]

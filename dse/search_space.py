@@ -246,6 +246,26 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
     if not isinstance(hardware, dict):
         hardware = doc["hardware"] = {}  # parse_study reports what is missing
 
+    mix, n_range, moved = _move_to_hardware(origin, search, doc, hardware, base)
+    study = _parse_moved_study(doc, text, origin, base, moved)
+    if study.clusters and mix is None:
+        raise _err(origin, "hardware.cluster", "mixed clusters are searched with search.mix (kinds and counts)")
+    outer = _cluster_outer(study, mix, n_range) + _hardware_outer(origin, search, mix)
+    price = _price(origin, search.get("price", {}), {p.name for p in outer if p.param is not None})
+    max_power = None
+    if "max_power_kW" in search:
+        max_power = _positive(origin, "search.max_power_kW", search["max_power_kW"])
+    _check_constraints(origin, study.constraints)
+    return SearchSpace(
+        study=study, text=text, origin=origin, outer=tuple(outer), price=price, max_power_kW=max_power, mix=mix
+    )
+
+
+def _move_to_hardware(
+    origin: str, search: Mapping[str, Any], doc: Mapping[str, Any], hardware: dict[str, Any], base: Path | None
+) -> tuple[MixSearch | None, dict[str, Any] | None, dict[str, str]]:
+    """Write ``search.mix``/``search.gpu``/``search.n_gpus`` into ``[hardware]`` as the study
+    parser reads them; return the mix, the GPU-count range and which keys moved where."""
     moved: dict[str, str] = {}
     mix = None
     if "mix" in search:
@@ -270,6 +290,13 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
         else:
             hardware["n_gpus"] = search["n_gpus"]
         moved["hardware.n_gpus"] = "search.n_gpus"
+    return mix, n_range, moved
+
+
+def _parse_moved_study(
+    doc: Mapping[str, Any], text: str, origin: str, base: Path | None, moved: Mapping[str, str]
+) -> Study:
+    """The study of ``doc``; errors name the ``[search]`` keys the user wrote, not where they moved."""
     try:
         study = parse_study(_toml_dumps(doc), origin=origin, base=base)
     except ValueError as error:
@@ -277,10 +304,11 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
         for old, new in moved.items():
             message = message.replace(f": {old}:", f": {new}:")
         raise ValueError(message) from None
-    study = _with_text(study, text)
-    if study.clusters and mix is None:
-        raise _err(origin, "hardware.cluster", "mixed clusters are searched with search.mix (kinds and counts)")
+    return _with_text(study, text)
 
+
+def _cluster_outer(study: Study, mix: MixSearch | None, n_range: Mapping[str, Any] | None) -> list[OuterParam]:
+    """The model (when several), then the GPU kind and count, or a mix's counts but the last."""
     outer: list[OuterParam] = []
     if len(study.axes["model"]) > 1:
         outer.append(OuterParam("model", "categorical", choices=study.axes["model"]))
@@ -294,7 +322,12 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
             outer.append(_param("n_gpus", "int", n_range))
         else:
             outer.append(OuterParam("n_gpus", "int", choices=study.axes["n_gpus"]))
+    return outer
 
+
+def _hardware_outer(origin: str, search: Mapping[str, Any], mix: MixSearch | None) -> list[OuterParam]:
+    """One outer variable per searched continuous hardware parameter (a range or a list)."""
+    outer: list[OuterParam] = []
     seen_paths: dict[str, str] = {}
     for key, value in search.items():
         if key in SEARCH_KEYS:
@@ -317,15 +350,7 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
         if rng is None:
             raise _err(origin, f"search.{key}", f"must be {{low = .., high = ..}} or a list of numbers; got {value!r}")
         outer.append(_param(key, "float", rng, param))
-
-    price = _price(origin, search.get("price", {}), {p.name for p in outer if p.param is not None})
-    max_power = None
-    if "max_power_kW" in search:
-        max_power = _positive(origin, "search.max_power_kW", search["max_power_kW"])
-    _check_constraints(origin, study.constraints)
-    return SearchSpace(
-        study=study, text=text, origin=origin, outer=tuple(outer), price=price, max_power_kW=max_power, mix=mix
-    )
+    return outer
 
 
 # --------------------------------------------------------------------------------------------

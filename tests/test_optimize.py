@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from dse import hw_params
 from dse.cli import configuration
+from dse.cli.optimize import optimize_command, sensitivity_report
 from dse.inner import InnerSolver, exhaustive, outer_grid
 from dse.optimize import run_optimize
-from dse.cli.optimize import optimize_command, sensitivity_report
 from dse.pareto import hypervolume, pareto_mask
 from dse.search_space import load_search, parse_search
 from dse.sensitivity import grid_continuous, sensitivity, tune_continuous

@@ -16,9 +16,9 @@ import pytest
 import xarray as xr
 
 from dse import sweep
+from dse.cli.report import report_command
 from dse.pareto import hypervolume, pareto_front, pareto_mask
 from dse.report import build_report, open_results, write_report
-from dse.cli.report import report_command
 
 # --------------------------------------------------------------------------------------------
 # Non-dominated sorting

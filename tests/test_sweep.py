@@ -17,10 +17,12 @@ import xarray as xr
 
 from dse import sweep
 from dse.bench import run_bench
+from dse.cli.sweep import sweep_command
 from dse.metrics import METRICS, STEP_TERM_LABELS
 from dse.pareto import pareto_mask
 from dse.study import DEFAULT_STUDY, load_study, parse_study
-from dse.cli.sweep import sweep_command
+from dse.sweep import run as sweep_run
+from dse.sweep import stream as sweep_stream
 from hetersim import build
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration
@@ -542,7 +544,7 @@ def test_streamed_summary_and_report(tiny, streamed, tmp_path, capsys):
 def test_killed_streamed_sweep_resumes_to_the_same_result(tiny, streamed, tmp_path, monkeypatch):
     study, _ = tiny
     _, expected = streamed
-    monkeypatch.setattr(sweep, "STREAM_CHECKPOINT_S", 0.0)  # checkpoint after every chunk
+    monkeypatch.setattr(sweep_run, "STREAM_CHECKPOINT_S", 0.0)  # checkpoint after every chunk
     out = tmp_path / "out"
 
     def crash_after_three(index: int) -> None:
@@ -565,7 +567,7 @@ def test_killed_streamed_sweep_resumes_to_the_same_result(tiny, streamed, tmp_pa
 
 def test_stream_is_automatic_for_big_spaces_and_a_cli_flag(tiny, tmp_path, monkeypatch, capsys):
     study, full = tiny
-    monkeypatch.setattr(sweep, "STREAM_THRESHOLD", full.sizes["config"])
+    monkeypatch.setattr(sweep_run, "STREAM_THRESHOLD", full.sizes["config"])
     path = sweep.run_sweep(study, tmp_path / "auto", chunk=CHUNK, progress=False)
     with xr.open_dataset(path) as ds:
         assert ds.attrs["streamed"] == 1 and ds.attrs["top_k"] == sweep.DEFAULT_TOP_K
@@ -600,7 +602,7 @@ def test_front_screen_keeps_every_non_dominated_point(k):
         front = front_pool[pareto_mask(front_pool)]
         points = rng.integers(0, 6, size=(50, k)).astype(float)
         points[0] = np.nan
-        screened = sweep._maybe_front(points, front)
+        screened = sweep_stream.maybe_front(points, front)
         # Exactly the points that no front point dominates survive (k <= 2), or more (k = 3).
         le = (front[None, :, :] <= points[:, None, :]).all(axis=2)
         lt = (front[None, :, :] < points[:, None, :]).any(axis=2)
@@ -665,7 +667,7 @@ def test_reducer_in_any_chunk_order_equals_brute_force(objectives):
 
 def test_a_front_too_large_is_thinned(monkeypatch):
     space = sweep.space_from_study(parse_study(TINY.format(model="llama2-7b", tokens=1e11)))
-    monkeypatch.setattr(sweep, "MAX_FRONT", 5)
+    monkeypatch.setattr(sweep_stream, "MAX_FRONT", 5)
     n = space.size
     arrays = {name: np.zeros(n, np.float32) for name in sweep.variables()}
     arrays["feasible"] = np.ones(n, np.int8)

@@ -24,6 +24,8 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402  (a matplotlib dependency)
 
+from dse import atomic  # noqa: E402
+
 DPI = 110
 MAX_BACKGROUND = 20000  # dominated points drawn per panel (a fixed random sample beyond that)
 MAX_LABELS = 28  # front points tagged per panel (the key beside the plot lists them)
@@ -44,16 +46,21 @@ def style():
 
 
 def save(fig: Figure, out_dir: Path, name: str) -> dict[str, Path]:
-    """Write ``name.png`` and ``name.svg`` (no timestamps: identical reruns give identical files)."""
+    """Write ``name.png`` and ``name.svg`` (no timestamps: identical reruns give identical files),
+    each atomically (:mod:`dse.atomic`): a failed write leaves no partial or empty file."""
     paths = {"png": out_dir / f"{name}.png", "svg": out_dir / f"{name}.svg"}
-    with style():
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
-        fig.savefig(paths["svg"], bbox_inches="tight", metadata={"Date": None, "Creator": None})
-    plt.close(fig)
+    try:
+        with style():
+            png, svg = io.BytesIO(), io.BytesIO()
+            fig.savefig(png, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+            fig.savefig(svg, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    finally:
+        plt.close(fig)
     # A 256-colour palette keeps a plot's look at a third of the size (reports live in git).
-    with Image.open(buffer) as image:
-        image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(paths["png"], optimize=True)
+    with Image.open(png) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    atomic.atomic_write(paths["png"], lambda tmp: small.save(tmp, format="PNG", optimize=True))
+    atomic.write_bytes(paths["svg"], svg.getvalue())
     return paths
 
 

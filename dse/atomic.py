@@ -1,0 +1,75 @@
+"""Every file ``dse`` writes goes through :func:`atomic_write`: all of it or nothing.
+
+The content is written to a temporary file in the destination's folder (``.<name>.<random>.tmp``),
+flushed to disk (``fsync``) and renamed over the destination with ``os.replace``; on any failure,
+Ctrl-C included, the temporary file is removed and the destination is left as it was. A reader
+therefore sees the old file or the new one, never a truncated or zero-byte one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+TMP_SUFFIX = ".tmp"
+
+
+def temp_path(path: Path) -> Path:
+    """A new, empty temporary file beside ``path`` (hidden; its name starts with ``.<name>.``)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` to fill a temporary file beside ``path``, then move it to ``path``.
+
+    ``write`` gets the temporary file's path (the file exists and is empty; a writer may replace
+    it). Its name does not end in the destination's suffix, so writers that guess a format from
+    the name must be told it. Returns ``path``.
+    """
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
+    return path
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """``data`` to ``path``, atomically."""
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """``text`` to ``path``, atomically."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding=encoding))

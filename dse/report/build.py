@@ -1,0 +1,101 @@
+"""Writing the report: the page and its figures into a folder, with a JSON-able summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dse import atomic
+from dse.report.page import (
+    best_lines,
+    pareto_records,
+    pareto_table,
+    render_page,
+    section_validation,
+    validation_summary,
+)
+from dse.report.results import load, pareto_set, streamed
+from dse.report.sections import (
+    Figures,
+    section_breakdown,
+    section_fronts,
+    section_heatmaps,
+    section_memory,
+    section_memory_tiers,
+    section_sensitivity,
+)
+
+
+@dataclass
+class Report:
+    index: Path
+    out_dir: Path
+    figures: dict[str, dict[str, Path]]
+    summary: dict[str, Any]
+
+
+def default_out_dir(nc_path: str | Path) -> Path:
+    """``results/X.nc`` -> ``results/X/``."""
+    p = Path(nc_path)
+    return p.with_suffix("") if p.suffix == ".nc" else p.with_name(p.name + "_report")
+
+
+def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, validation: bool = True) -> Report:
+    """Write the report of ``nc_path`` into ``out_dir`` (default: beside it, named after it) and
+    return what was written with a JSON-able summary. ``validation`` False skips the model's
+    validation run (a few seconds of JAX) and says so in the page."""
+    r = load(nc_path)
+    try:
+        out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"{out}: exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        figs = Figures(out)
+        pareto = pareto_set(r)
+        records = pareto_records(r, pareto)
+        v, v_error = None, None
+        if validation:
+            try:
+                v = validation_summary()
+            except (ValueError, OSError) as error:
+                v_error = str(error)
+        body = [
+            section_validation(v, v_error),
+            section_fronts(r, pareto, figs),
+            "<h2>The Pareto set</h2>",
+            f"<p>Every parameter and metric of the {len(records)} Pareto configurations "
+            "(hover a column name for its long name).</p>",
+            best_lines(r, records),
+            pareto_table(r, records),
+            section_breakdown(r, pareto, figs),
+            section_memory(r, pareto, figs),
+            section_memory_tiers(r, pareto, figs),
+            section_heatmaps(r, figs),
+            section_sensitivity(r, pareto, figs),
+        ]
+        page = render_page(r, pareto, body, v)
+        index = out / "index.html"
+        atomic.write_text(index, page)
+        summary = {
+            "study": r.ds.attrs.get("study_name", r.path.stem),
+            "dataset": str(r.path),
+            "index": str(index),
+            "figures": {k: {f: str(p) for f, p in v.items()} for k, v in figs.paths.items()},
+            "n_configs": int(r.ds.sizes["config"]),
+            "n_feasible": int(r.feasible.sum()),
+            "streamed": streamed(r.ds),
+            "objectives": list(r.objectives),
+            "pareto": records,
+            "validation": v,
+            "validation_error": v_error,
+            "notes": r.notes,
+        }
+        return Report(index, out, figs.paths, summary)
+    finally:
+        r.ds.close()
+
+
+def write_report(nc_path: str | Path, out_dir: str | Path | None = None, *, validation: bool = True) -> Path:
+    """Write ``index.html`` and the figures (PNG and SVG) of a results dataset; return the page's path."""
+    return build_report(nc_path, out_dir, validation=validation).index

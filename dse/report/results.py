@@ -1,0 +1,194 @@
+"""Reading a results dataset for the report: checks, decoding of codes, display units, the Pareto set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dse.metrics import METRICS
+from dse.pareto import pareto_front
+
+REQUIRED = ("feasible", "time_to_train_s", "cost_usd", "energy_kWh")
+COLUMNS = (
+    "model",
+    "gpu",
+    "n_gpus",
+    "tp",
+    "pp",
+    "vp",
+    "cp",
+    "dp",
+    "micro_batch",
+    "global_batch",
+    "zero",
+    "recompute",
+    "sp",
+    "precision",
+    "seq_len",
+    "attention",
+    "order",
+)
+SHORT = {"micro_batch": "mb", "global_batch": "gb", "zero": "z", "seq_len": "seq", "recompute": "rc", "order": "ord"}
+# Display units: (values at least this large, divide by, new units).
+DISPLAY = {
+    "s": ((2 * 86400.0, 86400.0, "days"), (2 * 3600.0, 3600.0, "h")),
+    "USD": ((2e6, 1e6, "million USD"), (2e3, 1e3, "thousand USD")),
+    "kWh": ((2e6, 1e6, "GWh"), (2e3, 1e3, "MWh")),
+}
+
+
+def open_results(path: str | Path):
+    """Open a results dataset, checking it is one; one-line ``ValueError`` otherwise."""
+    import xarray as xr
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such results file")
+    try:
+        ds = xr.open_dataset(path)
+    except Exception as error:  # netCDF4/h5netcdf/scipy raise different types for a non-netCDF file
+        reason = " ".join(str(error).split())[:200]
+        raise ValueError(f"{path}: not a netCDF results dataset ({type(error).__name__}: {reason})") from None
+    if "config" not in ds.dims and "trial" in ds.dims:
+        ds = ds.rename({"trial": "config"})  # `hetersim optimize` results: one record per trial
+    if "config" not in ds.dims:
+        ds.close()
+        raise ValueError(f"{path}: not a HeterSim results dataset (no 'config' or 'trial' dimension)")
+    missing = [v for v in (*REQUIRED, *_objectives(ds)[0]) if v not in ds.variables]
+    if missing:
+        ds.close()
+        raise ValueError(f"{path}: results dataset lacks variable(s) {', '.join(dict.fromkeys(missing))}")
+    return ds
+
+
+def _objectives(ds) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    names = tuple(str(ds.attrs.get("objectives", "time_to_train_s cost_usd")).split())
+    senses = tuple(str(ds.attrs.get("objective_senses", "")).split())
+    if len(senses) != len(names):
+        senses = tuple(METRICS[n].sense if n in METRICS else "min" for n in names)
+    return names, senses
+
+
+def flag_labels(ds, name: str) -> list[str] | None:
+    """Names of a categorical variable's codes (CF ``flag_meanings``), or None."""
+    meanings = ds[name].attrs.get("flag_meanings") if name in ds.variables else None
+    return str(meanings).split() if meanings is not None else None
+
+
+def decode(ds, name: str, value: Any) -> Any:
+    labels = flag_labels(ds, name)
+    if labels is not None and name != "infeasible":
+        return labels[int(value)] if 0 <= int(value) < len(labels) else int(value)
+    v = np.asarray(value).item()
+    return int(v) if isinstance(v, (int, np.integer)) else v
+
+
+def display(units: str, values: np.ndarray) -> tuple[float, str]:
+    """(divisor, units) that make typical ``values`` readable: seconds as days, USD as millions."""
+    v = np.abs(np.asarray(values, dtype=float))
+    v = v[np.isfinite(v) & (v > 0)]
+    typical = float(np.median(v)) if v.size else 0.0
+    for at_least, factor, name in DISPLAY.get(units, ()):
+        if typical >= at_least:
+            return factor, name
+    return 1.0, units
+
+
+def label_of(ds, name: str, factor_units: tuple[float, str] | None = None) -> str:
+    """Axis label from a variable's ``long_name`` and ``units`` (converted units when given)."""
+    attrs = ds[name].attrs
+    long_name = attrs.get("long_name", name)
+    units = factor_units[1] if factor_units is not None else attrs.get("units", "")
+    return f"{long_name} [{units}]" if units and units != "1" else str(long_name)
+
+
+@dataclass
+class Results:
+    """What every section needs, read once: the open dataset, feasibility, groups, varying axes."""
+
+    path: Path
+    ds: Any
+    feasible: np.ndarray
+    objectives: tuple[str, ...]
+    senses: tuple[str, ...]
+    group: np.ndarray  # model code per configuration (0 when the dataset has one model)
+    group_names: list[str]
+    varying: list[str]  # columns with more than one value among feasible configurations
+    notes: list[str] = field(default_factory=list)
+
+    def values(self, name: str, idx: np.ndarray | None = None) -> np.ndarray:
+        var = self.ds[name]
+        return np.asarray(var.values if idx is None else var.isel(config=idx).values)
+
+    def layout(self, i: int, with_model: bool = False) -> str:
+        """A short label of configuration ``i``: the study axes that vary, tp/pp/dp always."""
+        parts = []
+        cols = [c for c in COLUMNS if c in self.ds.variables and (c in self.varying or c in ("tp", "pp", "dp"))]
+        row = {c: decode(self.ds, c, self.ds[c].values[i]) for c in cols}
+        if "n_gpus" in row or "gpu" in row:
+            n = row.pop("n_gpus", None)
+            g = row.pop("gpu", None)
+            parts.append("×".join(str(x) for x in (n, g) if x is not None))
+        model = row.pop("model", None)
+        if with_model and model is not None:
+            parts.insert(0, str(model))
+        for c, v in row.items():
+            if c in ("recompute", "order"):
+                parts.append(f"{SHORT[c]}:{v}")
+            elif c in ("precision", "attention"):
+                parts.append(str(v))
+            elif c == "sp":
+                parts.append(f"sp:{v}")
+            else:
+                parts.append(f"{SHORT.get(c, c)}{v}")
+        return " ".join(parts)
+
+
+def load(path: str | Path) -> Results:
+    ds = open_results(path)
+    feasible = np.asarray(ds["feasible"].values).astype(bool)
+    objectives, senses = _objectives(ds)
+    if "model" in ds.variables and len(np.unique(ds["model"].values)) > 1:
+        group = np.asarray(ds["model"].values).astype(np.int64)
+        names = flag_labels(ds, "model") or [str(k) for k in range(group.max() + 1)]
+    else:
+        group = np.zeros(ds.sizes["config"], dtype=np.int64)
+        names = [str(decode(ds, "model", ds["model"].values[0]))] if "model" in ds.variables else [""]
+    varying = [
+        c for c in COLUMNS if c in ds.variables and feasible.any() and len(np.unique(ds[c].values[feasible])) > 1
+    ]
+    r = Results(Path(path), ds, feasible, objectives, senses, group, names, varying)
+    if streamed(ds):
+        r.notes.append(
+            f"streamed sweep: the file keeps {ds.sizes['config']:,} of the {int(ds.attrs['n_configs']):,} "
+            f"configurations evaluated (the top {ds.attrs.get('top_k', '?')} per objective and the Pareto set of "
+            "each model); the Pareto set is complete, but the heat maps and axes that vary cover the kept rows "
+            "only (per-axis summaries over every configuration: the marginal_* variables)"
+        )
+    return r
+
+
+def streamed(ds) -> bool:
+    """Whether a dataset is the output of a streamed sweep (only the kept rows along ``config``)."""
+    return bool(int(ds.attrs.get("streamed", 0)))
+
+
+def pareto_set(r: Results) -> np.ndarray:
+    """Indices of the Pareto set: per model, the feasible configurations no other beats in every
+    study objective; ordered by model, then along the front (best first objective first)."""
+    out = []
+    values = np.stack([r.values(o).astype(np.float64) for o in r.objectives], axis=1)
+    for g in np.unique(r.group[r.feasible]):
+        idx = np.flatnonzero(r.feasible & (r.group == g))
+        out.append(idx[pareto_front(values[idx], r.senses)])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def shown(idx: np.ndarray, limit: int) -> np.ndarray:
+    """At most ``limit`` of ``idx``, spread evenly (both ends kept)."""
+    if len(idx) <= limit:
+        return idx
+    return idx[np.unique(np.round(np.linspace(0, len(idx) - 1, limit)).astype(int))]

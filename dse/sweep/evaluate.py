@@ -1,0 +1,131 @@
+"""The compiled evaluation of a batch of configurations, shared by sweeps and the bilevel search.
+
+:func:`simulate_batch` runs the cost model over a batch (``jax.vmap`` of
+:func:`hetersim.simulate.simulate`, or of :func:`hetersim.cluster.simulate_cluster` when the
+system is a mix of GPU kinds); :func:`check_constraints` turns its outputs into what both callers
+need from the study's constraints: the violation bits and the ``feasible`` flag of a sweep
+dataset, and the relative violations and *class* (:data:`CLASS_NAMES`) by which the inner solver
+of :mod:`dse.inner` picks a layout.
+
+A sweep chunk is evaluated by :func:`evaluate_chunk`: one ``jax.jit`` of (decode
+``start + arange(chunk)`` into per-factor rows with ``jnp`` gathers, build the batched specs,
+simulate, check), compiled once per study shape and reused for every chunk, locally or on Dask
+workers (:func:`chunk_task`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dse.metrics import DERIVED, METRICS
+from dse.sweep.space import columns_plan, digits
+from hetersim.cluster import ClusterSpec, simulate_cluster
+from hetersim.simulate import simulate
+from hetersim.specs import Calibration
+
+# A layout's class: the lowest is the best; see dse.inner for how a point picks its layout.
+CLASS_NAMES = ("meets constraints", "violates a constraint", "does not run", "does not divide")
+
+_TRACES = 0
+
+
+def trace_count() -> int:
+    """How many times :func:`evaluate_chunk` has been traced in this process (tests use it)."""
+    return _TRACES
+
+
+def simulate_batch(model: Any, system: Any, plan: Any, cal: Calibration, *, shared_hardware: bool = False) -> Any:
+    """The cost model's outputs for a batch of plans. ``model`` and ``system`` are batched along
+    with ``plan`` or, with ``shared_hardware``, one for the whole batch. A :class:`ClusterSpec`
+    system (a study of mixes; static, the study's structure) is simulated as a cluster and its
+    ``total`` returned."""
+    in_axes = (None, None, 0, None) if shared_hardware else (0, 0, 0, None)
+    if isinstance(system, ClusterSpec):
+        return jax.vmap(simulate_cluster, in_axes=in_axes)(model, system, plan, cal).total
+    return jax.vmap(simulate, in_axes=in_axes)(model, system, plan, cal)
+
+
+def constraint_value(out: Any, metric: str) -> Any:
+    """The value a constraint bounds: a metric, or one of :data:`dse.metrics.DERIVED`."""
+    return out.hbm_used_GiB / out.hbm_capacity_GiB if metric in DERIVED else getattr(out, metric)
+
+
+class Checks(NamedTuple):
+    """The study constraints checked over a batch of configurations (JAX arrays).
+
+    ``bits``: int32, bit ``b`` set where constraint ``b`` is violated; ``relative``: constraints x
+    batch, the violation relative to the bound (> 0 violates); ``total``: the sum of the positive
+    ones; ``cls``: the class (:data:`CLASS_NAMES`: 2 where the configuration does not run, else 1
+    where ``total`` > 0, else 0; 3 where it does not divide the GPU count, when that is given);
+    ``feasible``: int8, 1 where the configuration runs and no bit is set.
+    """
+
+    bits: Any
+    relative: Any
+    total: Any
+    cls: Any
+    feasible: Any
+
+
+def check_constraints(out: Any, kinds: Sequence[tuple[str, str]], limits: Any, divides: Any | None = None) -> Checks:
+    """The :class:`Checks` of outputs ``out`` against ``kinds`` (``(metric, sense)`` per
+    constraint, static) with bounds ``limits``; ``divides`` (bool per configuration, optional)
+    marks the layouts whose ``tp*pp*cp`` divides the GPU count."""
+    n = jnp.shape(out.infeasible)[0]
+    bits = jnp.zeros(n, jnp.int32)
+    relative = []
+    for bit, (metric, sense) in enumerate(kinds):
+        value = constraint_value(out, metric)
+        limit = limits[bit]
+        bad = value > limit if sense == "max" else value < limit
+        bits = bits | jnp.where(bad, jnp.int32(1 << bit), jnp.int32(0))
+        excess = (value - limit) if sense == "max" else (limit - value)
+        relative.append(excess / jnp.abs(limit))
+    rel = jnp.stack(relative) if relative else jnp.zeros((0, n), jnp.float32)
+    total = jnp.sum(jnp.maximum(rel, 0.0), axis=0)
+    cls = jnp.where(out.infeasible != 0, 2, jnp.where(total > 0, 1, 0))
+    if divides is not None:
+        cls = jnp.where(~divides, 3, cls)
+    feasible = ((out.infeasible == 0) & (bits == 0)).astype(jnp.int8)
+    return Checks(bits=bits, relative=rel, total=total, cls=cls, feasible=feasible)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "kinds"))
+def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
+    """Metrics of configurations ``start .. start+chunk-1`` (indices past the end repeat the
+    last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``."""
+    global _TRACES
+    _TRACES += 1  # runs at trace time only: counts compilations
+    factors = tables["factors"]
+    radices = [next(iter(t.values())).shape[0] for t in factors]
+    idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
+    col = {c: t[c][d] for t, d in zip(factors, digits(idx, radices), strict=True) for c in t}
+
+    model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
+    system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
+    plan = columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
+    out = simulate_batch(model, system, plan, cal)
+    checks = check_constraints(out, kinds, tables["limits"])
+    result = {name: getattr(out, name) for name in METRICS}
+    result["constraint_violation"] = checks.bits
+    result["feasible"] = checks.feasible
+    return result
+
+
+def chunk_task(payload: tuple[Any, ...], index: int) -> tuple[int, dict[str, np.ndarray]]:
+    """Evaluate chunk ``index`` (a Dask task: each worker process compiles once and reuses it).
+
+    ``payload`` is ``(tables, calibration, chunk, kinds, size)`` as built by
+    :func:`dse.sweep.run.run_sweep`.
+    """
+    tables, cal, chunk, kinds, size = payload
+    out = evaluate_chunk(np.int32(index * chunk), tables, cal, chunk=chunk, kinds=kinds)
+    n = min(chunk, size - index * chunk)
+    return index, {k: np.asarray(v)[:n] for k, v in out.items()}

@@ -1,0 +1,49 @@
+"""dse.atomic: a file is replaced whole or left as it was, and no temporary file stays behind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dse import atomic
+
+
+def test_write_replaces_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "a.json"
+    atomic.write_text(path, "old")
+    assert atomic.write_text(path, "new") == path
+    assert path.read_text() == "new"
+    atomic.write_bytes(path, b"\x00\x01")
+    assert path.read_bytes() == b"\x00\x01"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path):
+    path = tmp_path / "fig.svg"
+
+    def fail(tmp):
+        tmp.write_bytes(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic.atomic_write(path, fail)
+    assert list(tmp_path.iterdir()) == []  # no zero-byte or partial file
+    atomic.write_text(path, "<svg/>")
+    with pytest.raises(KeyboardInterrupt):
+        atomic.atomic_write(path, lambda tmp: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert path.read_text() == "<svg/>"
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.svg"]
+
+
+def test_a_failed_figure_leaves_no_file(tmp_path, monkeypatch):
+    from dse.report import figures as rf
+
+    fig = rf.signed_bars(["a", "b"], np.array([1.0, -2.0]), "x", "t")
+
+    def broken(*args, **kwargs):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(atomic, "_fsync", broken)
+    with pytest.raises(OSError):
+        rf.save(fig, tmp_path, "f")
+    assert list(tmp_path.iterdir()) == []
