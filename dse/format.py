@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dse import atomic
+from hetersim import planfields
 from hetersim.types import TIER, Infeasible
 
 DAY = 86400.0
@@ -172,14 +173,10 @@ def _term_label(name: str) -> str:
 
 
 def _layout(plan: Mapping[str, Any]) -> str:
-    parts = [f"{k}{plan[k]}" for k in ("tp", "pp", "vp", "dp", "cp")]
-    parts.append("sp" if plan["sp"] else "no-sp")
-    parts.append(f"zero{plan['zero']}")
-    parts.append(f"mb{plan['micro_batch']} gb{plan['global_batch']} seq{plan['seq_len']}")
-    parts.append(f"recompute={plan['recompute']} {plan['precision']} {plan['attention']}-attention")
+    text = planfields.layout_label(plan)
     if plan["offload"]:
-        parts.append("offload " + ",".join(f"{s}->{t}" for s, t in plan["offload"].items()))
-    return " ".join(parts)
+        text += " offload " + ",".join(f"{s}->{t}" for s, t in plan["offload"].items())
+    return text
 
 
 def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:

@@ -29,16 +29,16 @@ import numpy as np
 from dse import hw_params
 from dse.metrics import METRICS
 from dse.search_space import SearchSpace
-from dse.study import CATEGORICAL, PLAN_AXES, Study
+from dse.study import PLAN_AXES, Study
 from dse.sweep.evaluate import CLASS_NAMES as CLASS_NAMES  # the classes below
 from dse.sweep.evaluate import check_constraints, simulate_batch
 from dse.sweep.space import columns_plan, space_from_study
-from hetersim import build
+from hetersim import build, planfields
 from hetersim.cluster import ClusterSpec
 from hetersim.fit.calibration import load_calibration
 from hetersim.specs import Calibration
 
-CODE_COLUMNS = ("recompute", "sp", "precision", "attention", "order")
+CODE_COLUMNS = tuple(f.name for f in planfields.FIELDS if f.coded)
 BLOCK = 1 << 15  # configurations per compiled call
 
 _TRACES = 0
@@ -59,14 +59,7 @@ def layout_rows(study: Study, n_gpus: Sequence[int] | None = None) -> dict[str, 
     less those no GPU count can use: the global batch must be a multiple of the micro-batch and,
     when the GPU counts are known, ``tp*pp*cp`` must divide one of them."""
     axes = study.axes
-    values = []
-    for name in PLAN_AXES:
-        v = axes[name]
-        if name in CATEGORICAL:
-            v = [CATEGORICAL[name].index(x) for x in v]
-        elif name == "sp":
-            v = [-1 if x == "auto" else int(x) for x in v]
-        values.append(np.asarray(v, dtype=np.int64))
+    values = [np.asarray([planfields.encode(name, x) for x in axes[name]], dtype=np.int64) for name in PLAN_AXES]
     grids = np.meshgrid(*values, indexing="ij")
     rows = {name: g.reshape(-1) for name, g in zip(PLAN_AXES, grids, strict=True)}
     keep = rows["global_batch"] % rows["micro_batch"] == 0
@@ -80,13 +73,10 @@ def layout_rows(study: Study, n_gpus: Sequence[int] | None = None) -> dict[str, 
 
 def describe_layout(rows: Mapping[str, np.ndarray], index: int, n_gpus: int) -> dict[str, Any]:
     """Row ``index`` with names for codes, ``dp`` and ``sp`` resolved."""
-    out: dict[str, Any] = {}
-    for name in PLAN_AXES:
-        value = int(rows[name][index])
-        out[name] = CATEGORICAL[name][value] if name in CATEGORICAL else value
-    out["sp"] = bool(out["tp"] > 1) if out["sp"] < 0 else bool(out["sp"])
-    group = out["tp"] * out["pp"] * out["cp"]
-    out["dp"] = n_gpus // group if n_gpus % group == 0 else 0
+    out: dict[str, Any] = {name: planfields.decode(name, rows[name][index]) for name in PLAN_AXES}
+    out["sp"] = planfields.resolve_sp(out["sp"], out["tp"])
+    dp = planfields.derived_dp(n_gpus, out["tp"], out["pp"], out["cp"])
+    out["dp"] = int(dp) if dp == int(dp) else 0
     return out
 
 

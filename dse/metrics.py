@@ -9,21 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hetersim.outputs import STEP_TERMS
+
 Sense = Literal["min", "max"]
 
-# Breakdown terms of the step time, in hetersim.simulate.STEP_TERMS order (a test keeps the two
-# in step; importing hetersim.simulate here would pull JAX into study validation).
-STEP_TERM_LABELS = {
-    "compute_s": "forward and backward compute of the busiest stage",
-    "recompute_s": "activation recomputation",
-    "tp_comm_s": "exposed tensor-parallel communication",
-    "cp_comm_s": "exposed context-parallel communication",
-    "pp_comm_s": "exposed pipeline point-to-point communication",
-    "dp_comm_s": "exposed data-parallel / ZeRO communication",
-    "bubble_s": "pipeline bubble (fill and drain)",
-    "optimizer_s": "optimizer step",
-    "offload_s": "exposed offload traffic",
-}
+# Breakdown terms of the step time: the model's one table (hetersim.outputs, no JAX).
+STEP_TERM_LABELS = STEP_TERMS
 
 
 @dataclass(frozen=True)

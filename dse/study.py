@@ -34,6 +34,14 @@ PLAN_DEFAULTS: dict[str, Any] = {k: planfields.DEFAULTS[k] for k in PLAN_AXES if
 PLAN_SCALARS = planfields.SCALARS
 DEFAULT_TRAIN_TOKENS = planfields.DEFAULTS["train_tokens"]
 
+
+def fixed_plan(scalars: Mapping[str, Any]) -> dict[str, Any]:
+    """The :func:`hetersim.build.plan_spec` keywords every configuration of a study shares: the
+    registry's defaults of :data:`PLAN_SCALARS` with the study's values (derived ones left out)."""
+    given = {**{k: planfields.DEFAULTS.get(k) for k in PLAN_SCALARS}, **scalars}
+    return {k: v for k, v in given.items() if v is not None and not isinstance(v, str)}
+
+
 AUTO_RULES = {
     "tp": "divisors of n_gpus up to the GPU's scale-up domain that divide the heads and KV heads",
     "pp": "divisors of n_gpus up to 64 and up to the number of layers",
@@ -71,11 +79,7 @@ class Study:
     models: dict[str, dict[str, Any]]  # key -> catalog entry
     gpus: dict[str, dict[str, Any]]  # key -> catalog entry with hardware.set applied
     links: dict[str, dict[str, Any]]
-    train_tokens: float = DEFAULT_TRAIN_TOKENS
-    offload: dict[str, str] = field(default_factory=dict)
-    cpu_optimizer: bool | None = None
-    bucket_Mparams: float = 0.0
-    reuse_Mparams: float = 0.0
+    scalars: dict[str, Any] = field(default_factory=dict)  # the plan scalars given (PLAN_SCALARS)
     constraints: dict[str, float] = field(default_factory=dict)
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     description: str = ""
@@ -171,7 +175,7 @@ def _study(doc: Mapping[str, Any], text: str, origin: str, base: Path | None, ca
         description=description,
         clusters=clusters,
         hetero=hetero,
-        **_plan_scalars(origin, plan_t),
+        scalars=_plan_scalars(origin, plan_t),
     )
 
 

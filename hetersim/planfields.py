@@ -246,13 +246,31 @@ def decode(name: str, code: Any) -> Any:
     return int(code)
 
 
-def layout_label(values: Mapping[str, Any], names: Sequence[str] = ("tp", "pp", "vp", "dp", "cp")) -> str:
-    """The short layout label ``tp8-pp4-vp1-dp16-cp1`` of ``names`` (labels from the registry)."""
-    return "-".join(f"{BY_NAME[n].label or n}{_plain(values[n])}" for n in names)
+def token(name: str, value: Any) -> str:
+    """One field of a layout label: ``tp8``, ``mb2``, ``rc:full``, ``bf16``, ``sp`` / ``no-sp``."""
+    f = BY_NAME[name]
+    label = f.label or name
+    if f.kind == "bool":
+        return label if value else f"no-{label}"
+    if f.kind == "choice":
+        return f"{label}:{value}" if f.label else str(value)
+    return f"{label}{_plain(value)}"
+
+
+def layout_label(
+    values: Mapping[str, Any], names: Sequence[str] | None = None, sep: str = " ", omit_defaults: Sequence[str] = ()
+) -> str:
+    """The short label of a layout (``tp8 pp4 dp16 mb1 rc:full``): one :func:`token` per field of
+    ``names`` (default: every field in ``values``, in registry order), fields of ``omit_defaults``
+    left out where they hold their default. The one formatter every report and table uses."""
+    if names is None:
+        names = [f.name for f in FIELDS if f.name in values and f.kind != "offload"]
+    shown = [n for n in names if not (n in omit_defaults and values[n] == BY_NAME[n].default)]
+    return sep.join(token(n, values[n]) for n in shown)
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, float) and v == int(v):
+    if isinstance(v, float | np.floating) and v == int(v):
         return int(v)
     return v
 

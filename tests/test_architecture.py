@@ -126,8 +126,9 @@ def test_registry_derived_rules():
         f = planfields.BY_NAME[name]
         for value in f.names or ():
             assert planfields.decode(name, planfields.encode(name, value)) == value
-    label = planfields.layout_label(dict(tp=8, pp=4, vp=1, dp=16, cp=1))
-    assert label == "tp8-pp4-vp1-dp16-cp1"
+    values = dict(tp=8, pp=4, vp=1, dp=16, cp=1, zero=1, recompute="full", sp=False, precision="fp8")
+    assert planfields.layout_label(values) == "tp8 pp4 cp1 dp16 vp1 z1 rc:full no-sp fp8"
+    assert planfields.layout_label(values, ("tp", "pp", "vp", "cp"), sep="-", omit_defaults=("vp",)) == "tp8-pp4-cp1"
 
 
 # --------------------------------------------------------------------------------------------

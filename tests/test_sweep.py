@@ -394,12 +394,12 @@ def test_readme_example_is_a_valid_study():
     study = parse_study(example, origin="README")
     assert study.axes["model"] == ("llama3-70b", "llama3-405b")
     assert study.gpus["h100-sxm-80gb"]["price_usd_per_hour"] == 4.0
-    assert study.offload == {"optimizer": "host-dram"}
+    assert study.scalars["offload"] == {"optimizer": "host-dram"}
     assert sweep.space_from_study(study).size > 0
 
 
 def test_metric_table_matches_the_cost_model():
-    assert tuple(STEP_TERM_LABELS) == STEP_TERMS
+    assert STEP_TERM_LABELS is STEP_TERMS
     fields = set(Breakdown.__dataclass_fields__)
     # A metric is a Breakdown field or a property of one (the per-tier memory: one tier of an array).
     assert all(name in fields or isinstance(getattr(Breakdown, name, None), property) for name in METRICS)
@@ -429,10 +429,10 @@ def test_run_bench_reports_its_figures():
 def test_cli_chunk_default_matches_the_engine():
     import inspect
 
-    from dse import cli
+    from dse.cli import sweep as cli_sweep
     from dse.sweep import DEFAULT_CHUNK
 
-    for command in (cli.sweep_cmd, cli.bench_cmd):
+    for command in (cli_sweep.sweep_cmd, cli_sweep.bench_cmd):
         assert inspect.signature(command).parameters["chunk"].default.default == DEFAULT_CHUNK
 
 
@@ -585,8 +585,9 @@ def test_stream_is_automatic_for_big_spaces_and_a_cli_flag(tiny, tmp_path, monke
     from typer.testing import CliRunner
 
     from dse import cli
+    from dse.cli.sweep import sweep_cmd
 
-    assert inspect.signature(cli.sweep_cmd).parameters["top_k"].default.default == sweep.DEFAULT_TOP_K
+    assert inspect.signature(sweep_cmd).parameters["top_k"].default.default == sweep.DEFAULT_TOP_K
     args = ["sweep", str(study), "--out", str(tmp_path / "typer.nc"), "--chunk", str(CHUNK), "--json"]
     for flag, expected in (("--stream", True), ("--no-stream", False)):
         result = CliRunner().invoke(cli.app, [*args, flag, "--top-k", "4"])

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dse import format as fmt
+from hetersim import planfields
 
 from .app import app, positive, user_errors
 
@@ -73,8 +74,7 @@ def _days(value: float, units: str) -> str:
 
 
 def _layout(t: Mapping[str, Any]) -> str:
-    short = {"micro_batch": "mb"}
-    return " ".join(f"{short.get(k, k)}={t[k]}" for k in LAYOUT_KEYS if k in t)
+    return planfields.layout_label(t, [k for k in LAYOUT_KEYS if k in t])
 
 
 def _hardware(t: Mapping[str, Any], outer: list[str]) -> str:

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from dse import format as fmt
+from hetersim import planfields
 
 from .app import app, positive, user_errors
 
@@ -60,9 +61,10 @@ def sweep_command(
 
 
 def _layout(config: Mapping[str, Any]) -> str:
-    keys = ("tp", "pp", "vp", "cp", "dp", "micro_batch", "zero", "recompute", "sp", "precision")
-    short = {"micro_batch": "mb"}
-    return " ".join(f"{short.get(k, k)}={config[k]}" for k in keys)
+    """The registry's layout label of a configuration (``sp`` given as on/off in results)."""
+    names = ("tp", "pp", "vp", "cp", "dp", "micro_batch", "zero", "recompute", "sp", "precision")
+    values = {k: config[k] in ("on", True, 1) if k == "sp" else config[k] for k in names}
+    return planfields.layout_label(values, names)
 
 
 def _value(value: float, units: str) -> str:

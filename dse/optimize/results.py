@@ -14,9 +14,10 @@ from dse.metrics import METRICS
 from dse.optimize.storage import fingerprint
 from dse.pareto import pareto_mask
 from dse.search_space import SearchSpace
-from dse.study import CATEGORICAL, PLAN_AXES
+from dse.study import PLAN_AXES
 from dse.sweep.checkpoints import package_versions
 from dse.sweep.dataset import COORD_ATTRS
+from hetersim import planfields
 
 STATES = ("running", "complete", "pruned", "fail", "waiting")  # optuna TrialState values 0..4
 LAYOUT_COLUMNS = (*PLAN_AXES, "dp")
@@ -89,9 +90,9 @@ def _layout_variables(data: Data, stored: Sequence[Mapping]) -> None:
     for c in LAYOUT_COLUMNS:
         long_name, units = COORD_ATTRS[c]
         attrs = {"long_name": f"best layout: {long_name}", "units": units}
-        if c in CATEGORICAL or c == "sp":
-            labels = CATEGORICAL.get(c, ("off", "on"))
-            codes = [(labels.index(lay[c]) if c in CATEGORICAL else int(lay[c])) if lay else -1 for lay in layouts]
+        if planfields.BY_NAME[c].coded:
+            labels = planfields.BY_NAME[c].names or ("off", "on")
+            codes = [planfields.encode(c, lay[c]) if lay else -1 for lay in layouts]
             data[c] = (("trial",), np.array(codes, np.int8), {**attrs, **_flags(attrs["long_name"], labels)})
         else:
             data[c] = (("trial",), np.array([lay[c] if lay else -1 for lay in layouts], np.int32), attrs)

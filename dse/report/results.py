@@ -10,28 +10,10 @@ import numpy as np
 
 from dse.metrics import METRICS
 from dse.pareto import pareto_front
+from hetersim import planfields
 
 REQUIRED = ("feasible", "time_to_train_s", "cost_usd", "energy_kWh")
-COLUMNS = (
-    "model",
-    "gpu",
-    "n_gpus",
-    "tp",
-    "pp",
-    "vp",
-    "cp",
-    "dp",
-    "micro_batch",
-    "global_batch",
-    "zero",
-    "recompute",
-    "sp",
-    "precision",
-    "seq_len",
-    "attention",
-    "order",
-)
-SHORT = {"micro_batch": "mb", "global_batch": "gb", "zero": "z", "seq_len": "seq", "recompute": "rc", "order": "ord"}
+COLUMNS = ("model", "gpu", *planfields.COLUMNS)
 # Display units: (values at least this large, divide by, new units).
 DISPLAY = {
     "s": ((2 * 86400.0, 86400.0, "days"), (2 * 3600.0, 3600.0, "h")),
@@ -135,15 +117,8 @@ class Results:
         model = row.pop("model", None)
         if with_model and model is not None:
             parts.insert(0, str(model))
-        for c, v in row.items():
-            if c in ("recompute", "order"):
-                parts.append(f"{SHORT[c]}:{v}")
-            elif c in ("precision", "attention"):
-                parts.append(str(v))
-            elif c == "sp":
-                parts.append(f"sp:{v}")
-            else:
-                parts.append(f"{SHORT.get(c, c)}{v}")
+        if row:
+            parts.append(planfields.layout_label({c: v == "on" if c == "sp" else v for c, v in row.items()}))
         return " ".join(parts)
 
 

@@ -21,29 +21,17 @@ from dse.metrics import METRICS
 from dse.study import Study
 from dse.sweep.checkpoints import Checkpoints, package_versions
 from dse.sweep.space import CODE_COLUMNS, COLUMNS, Space
+from hetersim import planfields
 from hetersim.specs import Calibration
 from hetersim.types import Infeasible
 
 COMPRESSION_LEVEL = 1  # zlib: level 1 writes ~2x faster than 4 for files a few % larger
 
+# (long_name, units) of every coordinate: the model and GPU keys, then the plan fields' (registry).
 COORD_ATTRS = {
     "model": ("model (catalog key)", "1"),
     "gpu": ("accelerator (catalog key)", "1"),
-    "n_gpus": ("number of GPUs", "1"),
-    "tp": ("tensor-parallel size", "1"),
-    "pp": ("pipeline-parallel size", "1"),
-    "cp": ("context-parallel size", "1"),
-    "micro_batch": ("micro-batch size", "sequences"),
-    "global_batch": ("global batch size", "sequences"),
-    "dp": ("data-parallel size, n_gpus / (tp*pp*cp)", "1"),
-    "vp": ("virtual pipeline chunks per stage", "1"),
-    "zero": ("ZeRO stage (3 = FSDP)", "1"),
-    "recompute": ("activation recomputation", "1"),
-    "sp": ("sequence parallelism", "1"),
-    "precision": ("training precision", "1"),
-    "seq_len": ("sequence length", "tokens"),
-    "attention": ("attention kernel", "1"),
-    "order": ("rank placement, innermost first", "1"),
+    **{c: (planfields.BY_NAME[c].long_name, planfields.BY_NAME[c].units) for c in planfields.COLUMNS},
 }
 EXTRA_VARIABLES = {
     "constraint_violation": ("which study constraints the configuration violates (bit flags)", "i4"),

@@ -21,22 +21,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from dse.metrics import constraint_metric
-from dse.study import CATEGORICAL, PLAN_AXES, Study
-from hetersim import build
+from dse.study import Study, fixed_plan
+from hetersim import build, planfields
 from hetersim.cluster import ClusterSpec, cluster_spec
 from hetersim.specs import ModelSpec, Plan, SystemSpec
 
 DEFAULT_CHUNK = 16384  # fastest measured on the 2-core CPU (benchmarks/bench_sweep.py)
 MAX_CONFIGS = 2**31 - 1  # configurations are indexed by int32 inside the compiled function
 
-# Every plan field a configuration takes from the space, in coordinate order. ``model`` and
-# ``gpu`` are indices into the study's lists; categoricals are hetersim.types codes; ``sp`` is
-# -1 (on when tp > 1), 0 or 1 in the tables and 0 or 1 in the results.
-COLUMNS = ("model", "gpu", "n_gpus", *PLAN_AXES[:5], "dp", *PLAN_AXES[5:])
-CODE_COLUMNS = ("model", "gpu", "recompute", "sp", "precision", "attention", "order")
-# Plan fields shared by all configurations of a study.
-FIXED_FIELDS = ("train_tokens", "offload_tier_code", "cpu_optimizer", "bucket_Mparams", "reuse_Mparams")
-LAYOUT_COLUMNS = ("n_gpus", "tp", "pp", "cp", "micro_batch", "global_batch")
+# Every plan field a configuration takes from the space, in coordinate order (from the registry,
+# hetersim.planfields). ``model`` and ``gpu`` are indices into the study's lists; choices are
+# hetersim.types codes; ``sp`` is -1 (on when tp > 1), 0 or 1 in the tables and 0 or 1 in the results.
+COLUMNS = ("model", "gpu", *planfields.COLUMNS)
+CODE_COLUMNS = ("model", "gpu", *(f.name for f in planfields.FIELDS if f.coded))
+# Plan leaves shared by all configurations of a study (the registry's scalars).
+FIXED_FIELDS = tuple(planfields.BY_NAME[k].leaf for k in planfields.SCALARS)
+LAYOUT_COLUMNS = planfields.LAYOUT
+# Axes other than the layout: one factor each.
+SINGLE_AXES = tuple(a for a in planfields.AXES if a not in planfields.LAYOUT)
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,7 +130,7 @@ class Space:
         for (_, table), digit in zip(self.factors, digits(idx, self.radices), strict=True):
             for c, v in table.items():
                 out[c] = v[digit]
-        out["sp"] = np.where(out["sp"] < 0, out["tp"] > 1, out["sp"]).astype(np.int64)
+        out["sp"] = planfields.resolve_sp(out["sp"], out["tp"]).astype(np.int64)
         return {c: out[c].astype(np.int8 if c in CODE_COLUMNS else np.int32) for c in COLUMNS}
 
     def labels(self, column: str) -> tuple[str, ...]:
@@ -139,15 +141,12 @@ class Space:
             return tuple(self.clusters) if self.clusters else tuple(self.gpu_entries)
         if column == "sp":
             return ("off", "on")
-        return CATEGORICAL[column]
+        return planfields.CHOICES[column]
 
     def plan_kwargs(self, index: int) -> tuple[str, str, dict[str, Any]]:
         """(model key, gpu key, :func:`hetersim.build.plan_spec` keywords) of configuration ``index``."""
         row = {c: int(v[0]) for c, v in self.coords(index, index + 1).items()}
-        kw: dict[str, Any] = {c: row[c] for c in ("n_gpus", "tp", "pp", "vp", "cp", "dp", "zero", "micro_batch")}
-        kw.update(global_batch=row["global_batch"], seq_len=row["seq_len"], sp=bool(row["sp"]))
-        for c in CATEGORICAL:
-            kw[c] = CATEGORICAL[c][row[c]]
+        kw: dict[str, Any] = {c: planfields.decode(c, row[c]) for c in planfields.COLUMNS}
         kw.update(self.fixed)
         return self.labels("model")[row["model"]], self.labels("gpu")[row["gpu"]], kw
 
@@ -164,32 +163,15 @@ def _stack(specs: Sequence[Any]) -> Any:
 
 
 def columns_plan(col: Mapping[str, Any], fixed: Mapping[str, Any], *, n_gpus, dp) -> Plan:
-    """A batched :class:`Plan` from per-configuration plan columns (categorical ones as codes,
-    ``sp`` < 0 meaning on whenever tp > 1) and the study's fixed fields, broadcast to the batch."""
+    """A batched :class:`Plan` from per-configuration plan columns (choices as codes, ``sp`` < 0
+    meaning on whenever tp > 1) and the study's fixed leaves, broadcast to the batch."""
     batch = jnp.shape(col["tp"])[0]
-    fixed = {k: jnp.broadcast_to(v, (batch, *jnp.shape(v))) for k, v in fixed.items()}
-    return Plan(
-        n_gpus=jnp.broadcast_to(n_gpus, (batch,)),
-        tp=col["tp"],
-        pp=col["pp"],
-        vp=col["vp"],
-        dp=dp,
-        cp=col["cp"],
-        sp=jnp.where(col["sp"] < 0, col["tp"] > 1, col["sp"] > 0).astype(jnp.float32),
-        zero=col["zero"],
-        micro_batch=col["micro_batch"],
-        global_batch=col["global_batch"],
-        seq_len=col["seq_len"],
-        train_tokens=fixed["train_tokens"],
-        recompute_code=col["recompute"],
-        precision_code=col["precision"],
-        attention_code=col["attention"],
-        order_code=col["order"],
-        offload_tier_code=fixed["offload_tier_code"],
-        cpu_optimizer=fixed["cpu_optimizer"],
-        bucket_Mparams=fixed["bucket_Mparams"],
-        reuse_Mparams=fixed["reuse_Mparams"],
-    )
+    leaves = {k: jnp.broadcast_to(v, (batch, *jnp.shape(v))) for k, v in fixed.items()}
+    leaves.update(n_gpus=jnp.broadcast_to(n_gpus, (batch,)), dp=dp)
+    for name in planfields.AXES:
+        leaves[planfields.BY_NAME[name].leaf] = col[name]
+    leaves["sp"] = planfields.resolve_sp(col["sp"], col["tp"], xp=jnp).astype(jnp.float32)
+    return Plan(**leaves)
 
 
 def digits(idx, radices: Sequence[int]) -> list[Any]:
@@ -220,24 +202,10 @@ def space_from_study(study: Study) -> Space:
         ("gpu", {"gpu": np.arange(len(axes["gpu"]))}),
         ("layout", layout_rows(axes)),
     ]
-    for name in ("vp", "zero", "recompute", "sp", "precision", "seq_len", "attention", "order"):
-        values = axes[name]
-        if name in CATEGORICAL:
-            codes = [CATEGORICAL[name].index(v) for v in values]
-        elif name == "sp":
-            codes = [-1 if v == "auto" else int(v) for v in values]
-        else:
-            codes = list(values)
+    for name in SINGLE_AXES:
+        codes = [planfields.encode(name, v) for v in axes[name]]
         factors.append((name, {name: np.array(codes, dtype=np.int64)}))
-    fixed: dict[str, Any] = {
-        "train_tokens": study.train_tokens,
-        "bucket_Mparams": study.bucket_Mparams,
-        "reuse_Mparams": study.reuse_Mparams,
-    }
-    if study.offload:
-        fixed["offload"] = dict(study.offload)
-    if study.cpu_optimizer is not None:
-        fixed["cpu_optimizer"] = study.cpu_optimizer
+    fixed = fixed_plan(study.scalars)
     constraints = []
     for key in study.constraints:
         metric, sense = constraint_metric(key)  # type: ignore[misc]

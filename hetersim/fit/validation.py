@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import build
+from .. import build, planfields
 from ..simulate import simulate
 from ..specs import Calibration
 from .runs import (
@@ -131,17 +131,9 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dic
 
 
 def _layout(f: Mapping[str, str]) -> str:
-    parts = [f"tp{f['tp']}", f"pp{f['pp']}"]
-    if f["vp"] not in ("", "1"):
-        parts.append(f"vp{f['vp']}")
-    parts += [f"dp{f['dp']}"]
-    if f["cp"] not in ("", "1"):
-        parts.append(f"cp{f['cp']}")
-    if f["zero"] not in ("", "0"):
-        parts.append(f"z{f['zero']}")
-    parts.append(f"mb{f['micro_batch']}")
-    parts.append(f"gb{f['global_batch']}")
-    return "-".join(parts)
+    names = ("tp", "pp", "vp", "dp", "cp", "zero", "micro_batch", "global_batch")
+    values = {k: int(f[k]) if f[k] else planfields.DEFAULTS[k] for k in names}
+    return planfields.layout_label(values, names, sep="-", omit_defaults=("vp", "cp", "zero"))
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -228,7 +220,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
         results.append(
             dict(
                 model=rec["model"],
-                layout=f"tp{rec['tp']}-pp{rec['pp']}-dp{rec['dp']}-cp{rec['cp']}",
+                layout=planfields.layout_label(rec, ("tp", "pp", "dp", "cp"), sep="-"),
                 recompute=plan["recompute"],
                 component=rec["component"],
                 measured_GiB=value,
