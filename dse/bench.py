@@ -19,7 +19,7 @@ import numpy as np
 
 from dse.sweep.evaluate import evaluate_chunk
 from dse.sweep.space import DEFAULT_CHUNK, Space, layout_rows
-from hetersim import build
+from hetersim import build, planfields
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration
 from hetersim.simulate import simulate
@@ -60,14 +60,17 @@ def bench_space(n_configs: int, seed: int = 0) -> Space:
         ("zero", {"zero": np.arange(4)}),
         ("recompute", {"recompute": np.arange(len(RECOMPUTE))}),
         ("precision", {"precision": np.array([PRECISION.index("bf16"), PRECISION.index("fp8")])}),
-        ("fixed", {"sp": np.array([-1]), "attention": np.array([0]), "order": np.array([0])}),
     )
+    # Every other plan axis at its registry default (sp: on when tp > 1).
+    varied = {c for _, table in factors for c in table}
+    rest = [a for a in planfields.AXES if a not in varied]
+    factors += (("fixed", {a: np.array([planfields.encode(a, planfields.DEFAULTS[a])]) for a in rest}),)
     return Space(
         factors=factors,
         model_entries={k: catalog.model(k) for k in BENCH_MODELS},
         gpu_entries={k: catalog.gpu(k) for k in BENCH_GPUS},
         links=dict(catalog.links),
-        fixed={"train_tokens": 2.0e12},
+        fixed={"train_tokens": planfields.DEFAULTS["train_tokens"]},
     )
 
 

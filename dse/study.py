@@ -398,12 +398,16 @@ def auto_values(key: str, ctx: _AutoContext) -> tuple[Any, ...]:
         return CATEGORICAL[key]
     elif key == "sp":
         return ("auto",)
+    elif key not in AUTO_RULES:
+        raise ValueError(f'plan.{key} has no "auto" rule; give a value or a list of values')
     return tuple(sorted(out))
 
 
 def _plan_axis(origin: str, key: str, value: Any, ctx: _AutoContext) -> tuple[Any, ...]:
     full = f"plan.{key}"
     if value == "auto":
+        if key not in AUTO_RULES:
+            raise _err(origin, full, '"auto" has no rule for this field; give a value or a list of values')
         return auto_values(key, ctx)
     if isinstance(value, list) and "auto" in value:
         raise _err(origin, full, f'"auto" stands alone (write plan.{key} = "auto"), not inside a list')

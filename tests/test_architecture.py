@@ -162,3 +162,68 @@ def test_readme_python_api_example_runs():
     scope: dict = {}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102
     assert float(scope["out"].step_time_s) > 0 and 0 < float(scope["out"].mfu) < 1
+
+
+# --------------------------------------------------------------------------------------------
+# Every consumer sees every field of the registry
+# --------------------------------------------------------------------------------------------
+
+EVERY_AXIS_STUDY = """
+name = "every_axis"
+[model]
+key = "llama2-7b"
+[hardware]
+gpu = "h100-sxm-80gb"
+n_gpus = 16
+[plan]
+tp = [1, 2]
+pp = [1, 2]
+cp = 1
+micro_batch = 1
+global_batch = 32
+vp = 1
+zero = [0, 1]
+recompute = ["none", "full"]
+sp = [false, true]
+precision = "bf16"
+seq_len = 2048
+attention = "flash"
+order = "tp-cp-dp-pp"
+train_tokens = 1.0e11
+offload = {}
+bucket_Mparams = 0.0
+reuse_Mparams = 0.0
+cpu_optimizer = false
+"""
+
+
+def test_every_field_reaches_the_study_the_sweep_and_the_optimizer(tmp_path):
+    import xarray as xr
+
+    from dse import study as study_mod
+    from dse.optimize.results import LAYOUT_COLUMNS
+    from dse.sweep import COORD_ATTRS, run_sweep
+    from dse.sweep.space import COLUMNS, FIXED_FIELDS
+
+    every = {f.name for f in planfields.FIELDS}
+    # The study parser: every plan field is a key of [plan] (axes and scalars); the text above sets each.
+    assert set(study_mod.PLAN_KEYS) == every - {"n_gpus", "dp"}
+    study = study_mod.parse_study(EVERY_AXIS_STUDY)
+    assert set(study.axes) == {"model", "gpu", "n_gpus", *planfields.AXES}
+    assert set(study.scalars) == set(planfields.SCALARS)
+    # The sweep: every axis, n_gpus and dp a coordinate with the registry's attributes; every
+    # scalar a fixed leaf of the batched Plan.
+    assert set(COLUMNS) == {"model", "gpu", *planfields.COLUMNS}
+    assert set(FIXED_FIELDS) == {planfields.BY_NAME[k].leaf for k in planfields.SCALARS}
+    path = tmp_path / "every.toml"
+    path.write_text(EVERY_AXIS_STUDY)
+    out = run_sweep(path, tmp_path / "out", chunk=64, progress=False)
+    with xr.open_dataset(out) as ds:
+        for name in planfields.COLUMNS:
+            f = planfields.BY_NAME[name]
+            assert ds[name].attrs["long_name"] == f.long_name == COORD_ATTRS[name][0], name
+            if f.kind == "choice":
+                assert ds[name].attrs["flag_meanings"].split() == list(f.names)
+        assert sorted(np.unique(ds["sp"].values)) == [0, 1] and sorted(np.unique(ds["zero"].values)) == [0, 1]
+    # The optimizer's layout encoding: every axis and dp.
+    assert set(LAYOUT_COLUMNS) == {*planfields.AXES, "dp"}
