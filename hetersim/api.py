@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .planfields import AUTO, derived_dp, resolve_sp
-from .types import FieldError
+from .types import Attention, FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
 # Plan fields the front door takes from the model entry when not given.
@@ -147,6 +147,8 @@ def configure(
         plan["seq_len"] = int(model_entry.get("seq_len", DEFAULT_SEQ_LEN))
     plan_s = build.plan_spec(**plan)
     resolved = _resolved(plan, plan_s)
+    for entry in [gpu_entry] if groups is None else [e for e, _ in groups]:
+        _check_kernel(entry, plan_s)
     cal = calibration if calibration is not None else default_calibration()
     m = build.model_spec(model_entry)
     if groups is not None:
@@ -167,6 +169,21 @@ def configure(
     tiers.check_offload(system.host, resolved["offload"])
     out = _compiled("simulate")(m, system, plan_s, cal)
     return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out)
+
+
+def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:
+    """Refuse a fused attention kernel the device cannot run (a sweep flags it instead)."""
+    import numpy as np
+
+    from . import build
+    from .terms.compute import kernel_supported
+
+    if not bool(np.asarray(kernel_supported(build.device_spec(entry), plan_s))):
+        kernel = Attention(int(plan_s.attention_code)).label
+        message = (
+            f"{{0}} {kernel} cannot run on {entry.get('name', '?')} (no fused attention kernel there); use materialized"
+        )
+        raise FieldError(message, "attention")
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:

@@ -52,17 +52,21 @@ def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:
     # fp16 tensor cores run at the bf16 rate where both exist; fp32 GEMMs are not MAMF-measured,
     # take the bf16 efficiency.
     effs = [eff_bf16, eff_bf16, eff_fp8, eff_bf16]
+    # Fused attention kernels: none where the entry says the device runs none (V100) or gives no
+    # measured utilisation; a plan asking for one there is flagged (Infeasible.KERNEL).
+    fused = bool(gpu.get("flash_attention", True))
+    fwd, bwd = (float(gpu.get(k, 0.0)) if fused else 0.0 for k in ("attn_eff_fwd", "attn_eff_bwd"))
     return as_arrays(
         DeviceSpec(
             peak_tflops=np.array(peaks),
             gemm_eff=np.array(effs),
-            attn_eff_fwd=float(gpu["attn_eff_fwd"]),
-            attn_eff_bwd=float(gpu["attn_eff_bwd"]),
+            attn_eff_fwd=fwd,
+            attn_eff_bwd=bwd,
             # FlashAttention-2-class kernels: the device's own figure where measured, else the
             # fastest kernel's (FlashAttention-2 is the fastest kernel on Ampere).
             sm_count=float(gpu.get("sm_count", 0.0)),
-            attn2_eff_fwd=float(gpu.get("attn2_eff_fwd") or gpu["attn_eff_fwd"]),
-            attn2_eff_bwd=float(gpu.get("attn2_eff_bwd") or gpu["attn_eff_bwd"]),
+            attn2_eff_fwd=float(gpu.get("attn2_eff_fwd") or fwd) if fused else 0.0,
+            attn2_eff_bwd=float(gpu.get("attn2_eff_bwd") or bwd) if fused else 0.0,
             hbm_capacity_GiB=float(gpu["hbm_capacity_GiB"]),
             hbm_bw_GBps=float(gpu["hbm_bw_GBps"]),
             tdp_W=float(gpu["tdp_W"]),

@@ -118,6 +118,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | _not_multiple(n_micro, plan.pp))
     f |= _flag(bad_schedule | (plan.vp < 1), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
+    f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     return f
 
 

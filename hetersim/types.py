@@ -157,6 +157,7 @@ class Infeasible(enum.IntFlag):
     TIER_CAPACITY = 256  # an offload tier is over-full
     TIER_MISSING = 512  # offload to a tier the node does not have
     HIDDEN_DIVIDE = 1024  # hidden / ffn / vocab not divisible by tp
+    KERNEL = 2048  # the device cannot run the plan's attention kernel
 
     @classmethod
     def describe(cls, value: int) -> list[str]:
@@ -176,4 +177,5 @@ REASONS = {
     Infeasible.TIER_CAPACITY: "an offload tier is over-full",
     Infeasible.TIER_MISSING: "offload to a memory tier this node does not have",
     Infeasible.HIDDEN_DIVIDE: "hidden, FFN or vocabulary size is not divisible by tp",
+    Infeasible.KERNEL: "the device cannot run this attention kernel (use attention = materialized)",
 }

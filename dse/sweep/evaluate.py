@@ -97,20 +97,26 @@ def check_constraints(out: Any, kinds: Sequence[tuple[str, str]], limits: Any, d
     return Checks(bits=bits, relative=rel, total=total, cls=cls, feasible=feasible)
 
 
+def decode_chunk(start, tables: Mapping[str, Any], *, chunk: int) -> tuple[Any, Any, Any]:
+    """The batched (model, system, plan) specs of configurations ``start .. start+chunk-1``: the
+    flat indices decoded into per-factor rows with ``jnp`` gathers (indices past the end repeat
+    the last configuration)."""
+    factors = tables["factors"]
+    radices = [next(iter(t.values())).shape[0] for t in factors]
+    idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
+    col = {c: t[c][d] for t, d in zip(factors, digits(idx, radices), strict=True) for c in t}
+    model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
+    system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
+    return model, system, columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
+
+
 @functools.partial(jax.jit, static_argnames=("chunk", "kinds"))
 def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
     """Metrics of configurations ``start .. start+chunk-1`` (indices past the end repeat the
     last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``."""
     global _TRACES
     _TRACES += 1  # runs at trace time only: counts compilations
-    factors = tables["factors"]
-    radices = [next(iter(t.values())).shape[0] for t in factors]
-    idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
-    col = {c: t[c][d] for t, d in zip(factors, digits(idx, radices), strict=True) for c in t}
-
-    model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
-    system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
-    plan = columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
+    model, system, plan = decode_chunk(start, tables, chunk=chunk)
     out = simulate_batch(model, system, plan, cal)
     checks = check_constraints(out, kinds, tables["limits"])
     result = {name: getattr(out, name) for name in METRICS}

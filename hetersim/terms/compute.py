@@ -103,25 +103,47 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
     return 4.0 * b * (s / plan.cp) * s * m.hidden / plan.tp * 0.5
 
 
+def kernel_supported(dev, plan):
+    """False where the plan's fused attention kernel has no utilisation on the device (e.g.
+    FlashAttention on a V100, which needs Ampere or newer): such a plan is flagged, never
+    priced at a zero rate. Materialised attention runs everywhere."""
+    fused = jnp.minimum(
+        _fused_eff(plan, dev.attn_eff_fwd, dev.attn2_eff_fwd), _fused_eff(plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
+    )
+    return (plan.attention_code == Attention.MATERIALIZED) | (fused > 0)
+
+
+def _materialized(dev, plan):
+    """Attention runs materialised: asked for, or the fused kernel does not exist on the device
+    (then the plan is flagged, and its time stays that of the kernel the device can run)."""
+    return (plan.attention_code == Attention.MATERIALIZED) | ~kernel_supported(dev, plan)
+
+
 def _fused_eff(plan: Plan, fastest, fa2):
     """Utilisation of the plan's fused attention kernel: the device's fastest, or FA2-class."""
     return jnp.where(plan.attention_code == Attention.FLASH2, fa2, fastest)
 
 
+def attention_peak(dev, plan):
+    """The rate a fused attention kernel's utilisation applies to: the 16-bit tensor-core peak
+    (the kernels are measured in bf16/fp16, and FP8 runs keep 16-bit attention), never above the
+    precision's own peak (an fp32 run's attention cannot run faster than fp32 math)."""
+    peak16 = jnp.maximum(dev.peak_tflops[Precision.BF16], dev.peak_tflops[Precision.FP16])
+    return jnp.minimum(peak16, dev.peak_tflops[plan.precision_code]) * TFLOP
+
+
 def attention_fwd_s(dev, cal, m, plan):
     flops = attention_flops_fwd(m, plan)
-    bf16 = dev.peak_tflops[Precision.BF16] * TFLOP
     eff = _fused_eff(plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
-    flash = safe_div(flops, bf16 * eff, 1e9) + cal.kernel_overhead_us * US
-    return jnp.where(plan.attention_code == Attention.MATERIALIZED, _materialized_s(dev, cal, m, plan, 1.0), flash)
+    flash = safe_div(flops, attention_peak(dev, plan) * eff, 1e9) + cal.kernel_overhead_us * US
+    return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 1.0), flash)
 
 
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
-    bf16 = dev.peak_tflops[Precision.BF16] * TFLOP
     eff = _fused_eff(plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
-    flash = safe_div(flops, bf16 * eff, 1e9) + 2.0 * cal.kernel_overhead_us * US
-    return jnp.where(plan.attention_code == Attention.MATERIALIZED, _materialized_s(dev, cal, m, plan, 2.0), flash)
+    flash = safe_div(flops, attention_peak(dev, plan) * eff, 1e9) + 2.0 * cal.kernel_overhead_us * US
+    return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 2.0), flash)
 
 
 def _materialized_s(dev, cal, m, plan, passes):

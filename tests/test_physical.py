@@ -1,0 +1,106 @@
+"""Physically consistent for any hardware values: no NaN or inf, no negative term, MFU <= 1;
+kernels a device cannot run are flagged (and refused at the CLI), never priced at a zero rate."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dse.bench import bench_space
+from dse.cli import app
+from dse.sweep.evaluate import decode_chunk
+from hetersim import build
+from hetersim.outputs import STEP_TERMS
+from hetersim.simulate import simulate
+from hetersim.specs import SystemSpec
+from hetersim.types import Infeasible
+
+# Leaves that say how the hardware is built (counts, presence), not how fast it is: kept as they are.
+STRUCTURAL = {"domain_gpus", "gpus_per_node", "tier_present", "tier_hosts", "sm_count"}
+# Efficiencies are fractions of a peak: they are drawn in (0, 1], never scaled past 1.
+FRACTIONS = {
+    "gemm_eff",
+    "attn_eff_fwd",
+    "attn_eff_bwd",
+    "attn2_eff_fwd",
+    "attn2_eff_bwd",
+    "busbw_eff",
+    "tier_write_eff",
+}
+
+
+def _scaled(systems: SystemSpec, rng) -> SystemSpec:
+    """``systems`` (batched) with every rate, capacity and latency scaled by 10^U(-4, 4) and every
+    efficiency drawn in (0.01, 1]."""
+
+    def scale(path, leaf):
+        name = getattr(path[-1], "name", "")
+        batch = np.asarray(leaf, np.float32)
+        if name in STRUCTURAL:
+            return batch
+        if name in FRACTIONS:
+            return np.where(batch > 0, rng.uniform(0.01, 1.0, batch.shape), 0.0).astype(np.float32)
+        return (batch * 10.0 ** rng.uniform(-4, 4, batch.shape)).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(scale, systems)
+
+
+@pytest.mark.slow
+def test_any_hardware_values_give_finite_nonnegative_results_and_mfu_at_most_one(cal):
+    space = bench_space(1_100_000, seed=3)
+    rng = np.random.default_rng(0)
+    chunk = 1 << 16
+    tables = space.tables()
+    decode = jax.jit(decode_chunk, static_argnames="chunk")  # the sweep's own decoding of flat indices
+    run = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))
+    n_seen = n_feasible = 0
+    for start in range(0, 16 * chunk, chunk):
+        models, systems, plans = decode(start, tables, chunk=chunk)
+        systems = _scaled(jax.tree.map(np.asarray, systems), rng)
+        out = jax.tree.map(np.asarray, run(models, systems, plans, cal))
+        for name in (*STEP_TERMS, "step_time_s", "mfu", "hfu", "hbm_used_GiB", "time_to_train_s", "cost_usd"):
+            values = getattr(out, name)
+            assert np.all(np.isfinite(values)), name
+            assert np.all(values >= 0), name
+        ok = out.infeasible == 0
+        assert np.all(out.mfu[ok] <= 1.0 + 1e-5), float(out.mfu[ok].max())
+        n_seen += chunk
+        n_feasible += int(ok.sum())
+    assert n_seen >= 1_000_000 and n_feasible > 0
+
+
+def test_fp32_training_is_priced_at_the_fp32_peak(catalog, cal):
+    m = build.model_spec(catalog.model("llama2-7b"))
+    s = build.system_spec(catalog.gpu("h100-sxm-80gb"), catalog.links)
+    opts = dict(n_gpus=64, tp=8, cp=8, global_batch=8, seq_len=131072, zero=3, recompute="selective")
+    out = jax.jit(simulate)(m, s, build.plan_spec(precision="fp32", **opts), cal)
+    assert int(out.infeasible) == 0 and 0 < float(out.mfu) <= 1.0 and float(out.hfu) <= 1.0
+
+
+def test_a_kernel_the_device_cannot_run_is_flagged_and_priced_as_the_one_it_runs(catalog, cal):
+    m = build.model_spec(catalog.model("gpt3-1.3b"))
+    v100 = build.system_spec(catalog.gpu("v100-sxm-32gb"), catalog.links)
+    opts = dict(n_gpus=8, global_batch=64, seq_len=2048, precision="fp16")
+    flash = jax.jit(simulate)(m, v100, build.plan_spec(attention="flash", **opts), cal)
+    mat = jax.jit(simulate)(m, v100, build.plan_spec(attention="materialized", **opts), cal)
+    assert int(flash.infeasible) & Infeasible.KERNEL and not int(mat.infeasible) & Infeasible.KERNEL
+    assert float(flash.step_time_s) == pytest.approx(float(mat.step_time_s), rel=1e-6)
+    # A device entry without fused-attention figures runs none (flagged, not a KeyError).
+    entry = {k: v for k, v in catalog.gpu("a100-sxm-80gb").items() if not k.startswith("attn")}
+    bare = dataclasses.replace(v100, device=build.device_spec(entry))
+    assert int(jax.jit(simulate)(m, bare, build.plan_spec(**opts), cal).infeasible) & Infeasible.KERNEL
+
+
+def test_cli_refuses_a_kernel_the_device_cannot_run():
+    args = "evaluate --model gpt3-1.3b --gpu v100-sxm-32gb --gpus 8 --global-batch 64 --precision fp16".split()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --attention flash cannot run on") and result.output.count("\n") == 1
+    ok = CliRunner().invoke(app, [*args, "--attention", "materialized", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert jnp.isfinite(float(__import__("json").loads(ok.stdout)["step_time_s"]))
