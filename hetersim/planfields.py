@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, Choice, OffloadState, Order, Precision, Recompute, Tier
+from .types import Attention, Choice, Loss, OffloadState, Order, Precision, Recompute, Tier
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
@@ -131,6 +131,14 @@ FIELDS: tuple[PlanField, ...] = (
         help="Sequence length (default: the model's).",
     ),
     PlanField("attention", "choice", "flash", "attention kernel", axis=True, options=Attention),
+    PlanField(
+        "loss",
+        "choice",
+        "materialized",
+        "loss kernel (all logits, or chunked fused cross-entropy)",
+        axis=True,
+        options=Loss,
+    ),
     PlanField(
         "order",
         "choice",

@@ -65,6 +65,18 @@ class Attention(Choice):
     FLASH2 = 2
 
 
+# The loss kernel: "materialized" computes the LM head's logits for every token and runs the
+# cross-entropy over an fp32 copy (Megatron's vocab-parallel cross-entropy); "chunked" fuses the
+# LM head GEMM and the cross-entropy over chunks of tokens and never holds all the logits
+# (Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy).
+LossName = Literal["materialized", "chunked"]
+
+
+class Loss(Choice):
+    MATERIALIZED = 0
+    CHUNKED = 1
+
+
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").
 TierName = Literal["hbm", "host-dram", "cxl-expander", "cxl-pool"]
 

@@ -188,6 +188,7 @@ sp = [false, true]
 precision = "bf16"
 seq_len = 2048
 attention = "flash"
+loss = ["materialized", "chunked"]
 order = "tp-cp-dp-pp"
 train_tokens = 1.0e11
 offload = {}
@@ -224,6 +225,7 @@ def test_every_field_reaches_the_study_the_sweep_and_the_optimizer(tmp_path):
             assert ds[name].attrs["long_name"] == f.long_name == COORD_ATTRS[name][0], name
             if f.kind == "choice":
                 assert ds[name].attrs["flag_meanings"].split() == list(f.names)
-        assert sorted(np.unique(ds["sp"].values)) == [0, 1] and sorted(np.unique(ds["zero"].values)) == [0, 1]
+        for axis in ("sp", "zero", "loss"):
+            assert sorted(np.unique(ds[axis].values)) == [0, 1], axis
     # The optimizer's layout encoding: every axis and dp.
     assert set(LAYOUT_COLUMNS) == {*planfields.AXES, "dp"}

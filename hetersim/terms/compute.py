@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
-from ..types import Attention, Precision
+from ..types import Attention, Loss, Precision
 from ..units import GB, TFLOP, US
 from ._safe import safe_div
 from .flops import kv_ratio, n_mlp_matrices
@@ -220,7 +220,10 @@ def head_s(dev, cal, m, plan):
     h, V, t = m.hidden, m.vocab, plan.tp
     g = gemm_s(dev, cal, plan, T, V / t, h)
     g = g + gemm_s(dev, cal, plan, T, h, V / t) + gemm_s(dev, cal, plan, h, V / t, T)
-    loss = stream_s(dev, cal, T * V / t * 20.0, 4.0)
+    # The chunked fused loss reads each chunk's 16-bit logits once and writes their gradient in
+    # place (Liger-Kernel's fused linear cross-entropy): 4 bytes per logit instead of 20.
+    loss_bytes = jnp.where(plan.loss_code == Loss.CHUNKED, 4.0, 20.0)
+    loss = stream_s(dev, cal, T * V / t * loss_bytes, 4.0)
     embed = stream_s(dev, cal, 3.0 * T * h * act_bytes(plan), 2.0)
     return g + loss + embed
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import ModelSpec, Plan
-from ..types import Attention, Precision, Recompute
+from ..types import Attention, Loss, Precision, Recompute
 from ..units import GiB
 from .flops import kv_ratio, layer_params
 
@@ -131,13 +131,23 @@ def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=No
     return kept + jnp.where(plan.recompute_code == Recompute.FULL, working, 0.0)
 
 
-def buffer_bytes(m: ModelSpec, plan: Plan):
-    """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy works
-    in, its gradient computed in place) on the last stage, two gathered layers and one layer's
-    unsharded gradients under ZeRO-3 (the one computing and the one prefetched), and the
-    runtime's reserve."""
+def loss_chunk_tokens(m: ModelSpec, plan: Plan):
+    """Tokens whose logits the loss kernel holds at once: all of a micro-batch's (materialised),
+    or one chunk of the chunked fused cross-entropy. Liger-Kernel's fused linear cross-entropy
+    (linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py) takes
+    ``chunk = next_power_of_2(ceil(T / ceil(V / h)))`` tokens, so that a chunk's logits are about
+    the size of the hidden states."""
     T = plan.micro_batch * plan.seq_len / plan.cp
-    logits = (2.0 + 4.0) * T * m.vocab / plan.tp
+    chunk = 2.0 ** jnp.ceil(jnp.log2(jnp.maximum(jnp.ceil(T / jnp.ceil(m.vocab / m.hidden)), 1.0)))
+    return jnp.where(plan.loss_code == Loss.CHUNKED, jnp.minimum(chunk, T), T)
+
+
+def buffer_bytes(m: ModelSpec, plan: Plan):
+    """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy
+    works in, its gradient computed in place; one chunk's under the chunked loss) on the last
+    stage, two gathered layers and one layer's unsharded gradients under ZeRO-3 (the one
+    computing and the one prefetched), and the runtime's reserve."""
+    logits = (2.0 + 4.0) * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
     # ZeRO-3 / FSDP: the layer computing and the one prefetched, gathered in 16 bits, and the
     # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
     gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)
