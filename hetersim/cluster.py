@@ -260,7 +260,10 @@ def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None) -> Cl
     for entry, count in groups:
         if not isinstance(count, int) or count <= 0:
             raise ValueError(f"cluster count for {entry.get('name', '?')} must be a positive integer; got {count!r}")
-        systems.append(build.system_spec(entry, links))
+        # Two kinds never share a scale-up (NVLink) domain: a group smaller than its kind's domain
+        # has a domain of its own GPUs only, so traffic to the other kind crosses the scale-out NICs.
+        domain = min(float(entry.get("scaleup_domain", 8)), float(count))
+        systems.append(build.system_spec(entry, links, scaleup_domain=domain))
         counts.append(float(count))
     while len(systems) < MAX_GROUPS:
         systems.append(systems[0])

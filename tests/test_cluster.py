@@ -201,3 +201,17 @@ def test_cli_evaluates_a_mix_and_rejects_bad_ones():
         res = runner.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)
         assert message in res.output and res.output.strip().count("\n") == 0
+
+
+def test_two_groups_never_share_an_nvlink_domain(catalog, cal):
+    """Groups smaller than a node: the data-parallel ring between them crosses the scale-out NICs,
+    so a 4 + 4 "mix" of one kind equals the homogeneous job on two 4-GPU NVLink islands and is
+    slower than the same job inside one 8-GPU NVLink domain."""
+    opts = dict(tp=4, pp=1, global_batch=64, sp=False, zero=0)
+    mixed = _run(catalog, cal, [("a100-sxm-80gb", 4), ("a100-sxm-80gb", 4)], "data", model="llama2-7b", **opts)
+    m = build.model_spec(catalog.model("llama2-7b"))
+    a100 = catalog.gpu("a100-sxm-80gb")
+    islands = sim(m, build.system_spec(a100, catalog.links, scaleup_domain=4), _plan(8, **opts), cal)
+    one_node = sim(m, build.system_spec(a100, catalog.links), _plan(8, **opts), cal)
+    assert float(mixed.total.dp_comm_s) == pytest.approx(float(islands.dp_comm_s), rel=1e-5)
+    assert float(mixed.total.dp_comm_s) > 10 * float(one_node.dp_comm_s)
