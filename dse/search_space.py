@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
-import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +41,7 @@ from typing import Any, Literal
 
 from dse import hw_params
 from dse.metrics import METRICS, constraint_metric
-from dse.study import Study, parse_study, read_study_text
+from dse.study import Study, read_study_text, study_from_mapping
 
 SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW", "mix")
 RANGE_KEYS = ("low", "high", "step", "log")
@@ -297,14 +295,7 @@ def _parse_moved_study(
     doc: Mapping[str, Any], text: str, origin: str, base: Path | None, moved: Mapping[str, str]
 ) -> Study:
     """The study of ``doc``; errors name the ``[search]`` keys the user wrote, not where they moved."""
-    try:
-        study = parse_study(_toml_dumps(doc), origin=origin, base=base)
-    except ValueError as error:
-        message = str(error)
-        for old, new in moved.items():
-            message = message.replace(f": {old}:", f": {new}:")
-        raise ValueError(message) from None
-    return _with_text(study, text)
+    return study_from_mapping(doc, text=text, origin=origin, base=base, key_names=moved)
 
 
 def _cluster_outer(study: Study, mix: MixSearch | None, n_range: Mapping[str, Any] | None) -> list[OuterParam]:
@@ -400,11 +391,8 @@ def _mix(origin: str, table: Any, doc: Mapping[str, Any], base: Path | None) -> 
         for k in ("gpu", "n_gpus", "cluster"):
             hardware.pop(k, None)
         hardware["cluster"] = ",".join(f"{k}:1" for k in kinds)
-    try:
-        study = parse_study(_toml_dumps(probe), origin=origin, base=base)
-    except ValueError as error:
-        message = str(error).replace(": hardware.gpu:", f": {key}.kinds:").replace(": hardware.cluster:", f": {key}:")
-        raise ValueError(message) from None
+    names = {"hardware.gpu": f"{key}.kinds", "hardware.cluster": key}
+    study = study_from_mapping(probe, text="", origin=origin, base=base, key_names=names)
     prices = tuple(float(study.gpus[k].get("price_usd_per_hour", 0.0)) for k in kinds)
     if budget is not None:
         for k, p in zip(kinds, prices, strict=True):
@@ -528,42 +516,6 @@ def _check_constraints(origin: str, constraints: Mapping[str, float]) -> None:
                 f"constraints.{key}",
                 f"{low} is above constraints.max_{found[0]} ({high}); no configuration can meet both",
             )
-
-
-def _with_text(study: Study, text: str) -> Study:
-    return dataclasses.replace(study, text=text)
-
-
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-def _toml_dumps(doc: Mapping[str, Any], prefix: str = "") -> str:
-    """TOML text of a parsed study document (the subset study files use: scalars, lists, tables)."""
-    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    for key, table in doc.items():
-        if isinstance(table, dict):
-            name = f"{prefix}{_toml_key(key)}"
-            lines.append(f"\n[{name}]")
-            lines.append(_toml_dumps(table, prefix=f"{name}."))
-    return "\n".join(lines)
 
 
 __all__ = ["MixSearch", "OuterParam", "SearchSpace", "load_search", "parse_search"]
