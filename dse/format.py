@@ -21,8 +21,7 @@ from rich.table import Table
 from dse import atomic
 from hetersim import planfields
 from hetersim.types import TIER, Infeasible
-
-DAY = 86400.0
+from hetersim.units import DAY
 
 # Memory components of one GPU's HBM: label -> Breakdown field.
 MEMORY_FIELDS = {

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dse import format as fmt
 from hetersim import planfields
+from hetersim.units import DAY
 
 from .app import app, positive, user_errors
 
@@ -67,7 +68,7 @@ def optimize_command(
 
 def _days(value: float, units: str) -> str:
     if units == "s":
-        return f"{value / 86400:,.2f} d"
+        return f"{value / DAY:,.2f} d"
     if units == "USD":
         return f"${value:,.0f}"
     return f"{value:.4g} {units}"

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dse import format as fmt
 from hetersim import planfields
+from hetersim.units import DAY
 
 from .app import app, positive, user_errors
 
@@ -69,7 +70,7 @@ def _layout(config: Mapping[str, Any]) -> str:
 
 def _value(value: float, units: str) -> str:
     text = f"{value:.4g} {units}"
-    return f"{text} ({value / 86400:.1f} days)" if units == "s" and value >= 86400 else text
+    return f"{text} ({value / DAY:.1f} days)" if units == "s" and value >= DAY else text
 
 
 def print_sweep_summary(con, s: Mapping[str, Any]) -> None:

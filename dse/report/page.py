@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dse.report.results import COLUMNS, Results, decode, display, streamed
+from hetersim.units import DAY
 
 MAX_TABLE = 300  # rows of the Pareto table
 
@@ -66,7 +67,7 @@ def pareto_table(r: Results, records: list[dict[str, Any]]) -> str:
     for row in records[:MAX_TABLE]:
         cells = [f"<td>{esc(_fmt(row[k]))}</td>" for k in keys]
         if "time_to_train_s" in keys:
-            cells.insert(keys.index("time_to_train_s") + 1, f"<td>{row['time_to_train_s'] / 86400:.1f}</td>")
+            cells.insert(keys.index("time_to_train_s") + 1, f"<td>{row['time_to_train_s'] / DAY:.1f}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f"<p>First {MAX_TABLE} of {len(records)} rows.</p>" if len(records) > MAX_TABLE else ""
     return f"<div class=scroll><table><tr>{''.join(head)}</tr>{''.join(body)}</table></div>{more}"

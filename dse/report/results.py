@@ -11,12 +11,13 @@ import numpy as np
 from dse.metrics import METRICS
 from dse.pareto import pareto_front
 from hetersim import planfields
+from hetersim.units import DAY, HOUR
 
 REQUIRED = ("feasible", "time_to_train_s", "cost_usd", "energy_kWh")
 COLUMNS = ("model", "gpu", *planfields.COLUMNS)
 # Display units: (values at least this large, divide by, new units).
 DISPLAY = {
-    "s": ((2 * 86400.0, 86400.0, "days"), (2 * 3600.0, 3600.0, "h")),
+    "s": ((2 * DAY, DAY, "days"), (2 * HOUR, HOUR, "h")),
     "USD": ((2e6, 1e6, "million USD"), (2e3, 1e3, "thousand USD")),
     "kWh": ((2e6, 1e6, "GWh"), (2e3, 1e3, "MWh")),
 }
