@@ -10,9 +10,10 @@ import numpy as np
 
 from dse import atomic
 from dse.inner import InnerSolver
-from dse.metrics import METRICS
+from dse.metrics import METRICS, cf_attrs
 from dse.optimize.storage import fingerprint
 from dse.pareto import pareto_mask
+from dse.provenance import history
 from dse.search_space import SearchSpace
 from dse.study import PLAN_AXES
 from dse.sweep.checkpoints import package_versions
@@ -62,10 +63,10 @@ def _outer_variables(data: Data, space: SearchSpace, trials: Sequence[Any], stor
     if space.mix is not None:
         for kind, name in zip(space.mix.kinds, space.mix.names, strict=True):
             counts = [r.get("mix", {}).get(kind, t.params.get(name, -1)) for r, t in zip(stored, trials, strict=True)]
-            attrs = {"long_name": f"GPUs of kind {kind} in the mix", "units": "1"}
+            attrs = cf_attrs("1", f"GPUs of kind {kind} in the mix")
             data[name] = (("trial",), np.array(counts, np.int32), attrs)
         totals = [sum(r["mix"].values()) if "mix" in r else -1 for r in stored]
-        data["n_gpus"] = (("trial",), np.array(totals, np.int32), {"long_name": COORD_ATTRS["n_gpus"][0], "units": "1"})
+        data["n_gpus"] = (("trial",), np.array(totals, np.int32), cf_attrs("1", COORD_ATTRS["n_gpus"][0]))
     for p in space.outer:
         values = [t.params.get(p.name) for t in trials]
         if space.mix is not None and p.name != "model":
@@ -76,11 +77,11 @@ def _outer_variables(data: Data, space: SearchSpace, trials: Sequence[Any], stor
             data[p.name] = (("trial",), codes, _flags(COORD_ATTRS[p.name][0], labels))
         elif p.kind == "int":
             arr = np.array([v if v is not None else -1 for v in values], np.int32)
-            data[p.name] = (("trial",), arr, {"long_name": COORD_ATTRS[p.name][0], "units": "1"})
+            data[p.name] = (("trial",), arr, cf_attrs(COORD_ATTRS[p.name][1], COORD_ATTRS[p.name][0]))
         else:
             arr = np.array([v if v is not None else np.nan for v in values], np.float64)
             assert p.param is not None
-            attrs = {"long_name": f"searched hardware parameter {p.param.path}", "units": p.param.units}
+            attrs = cf_attrs(p.param.units, f"searched hardware parameter {p.param.path}")
             data[p.name] = (("trial",), arr, attrs)
 
 
@@ -89,7 +90,7 @@ def _layout_variables(data: Data, stored: Sequence[Mapping]) -> None:
     layouts = [r.get("layout") for r in stored]
     for c in LAYOUT_COLUMNS:
         long_name, units = COORD_ATTRS[c]
-        attrs = {"long_name": f"best layout: {long_name}", "units": units}
+        attrs = cf_attrs(units, f"best layout: {long_name}")
         if planfields.BY_NAME[c].coded:
             labels = planfields.BY_NAME[c].names or ("off", "on")
             codes = [planfields.encode(c, lay[c]) if lay else -1 for lay in layouts]
@@ -106,7 +107,7 @@ def _metric_variables(data: Data, stored: Sequence[Mapping]) -> None:
             arr = np.array([mt[name] if mt else -1 for mt in metrics], np.int32)
         else:
             arr = np.array([mt[name] if mt else np.nan for mt in metrics], np.float64)
-        data[name] = (("trial",), arr, {"units": m.units, "long_name": m.long_name})
+        data[name] = (("trial",), arr, cf_attrs(m.units, m.long_name))
 
     extras = (
         ("price_usd_per_hour", "USD/h", "price per GPU-hour (catalog, overrides and price model)", np.float64),
@@ -117,7 +118,7 @@ def _metric_variables(data: Data, stored: Sequence[Mapping]) -> None:
     for key, units, long_name, dtype in extras:
         fill = np.nan if dtype is np.float64 else -1
         arr = np.array([r.get(key, fill) for r in stored], dtype)
-        data[key] = (("trial",), arr, {"units": units, "long_name": long_name})
+        data[key] = (("trial",), arr, cf_attrs(units, long_name))
 
 
 def _constraint_variables(data: Data, names: Sequence[str], trials: Sequence[Any]) -> np.ndarray:
@@ -154,6 +155,7 @@ def _trials_attrs(space: SearchSpace, solver: InnerSolver, meta: Mapping[str, An
         "title": f"HeterSim optimize: {meta.get('study_name', space.name)}",
         "Conventions": "CF-1.8",
         "source": "HeterSim bilevel search (Optuna outer loop, vectorized layout solve per trial)",
+        "history": history(),
         "study_name": str(meta.get("study_name", space.name)),
         "study_toml": space.text,
         "objectives": " ".join(space.objectives),
