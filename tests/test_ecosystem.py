@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import xarray as xr
 
@@ -65,3 +66,93 @@ def test_units_round_trip_to_their_short_names():
     for short in [*CF_UNITS, *(m.units for m in METRICS.values())]:
         assert display_units(cf_attrs(short, "some quantity")) == short, short
     assert display_units({"units": "GiB"}) == "GiB"  # a file written before stays readable
+
+
+# --------------------------------------------------------------------------------------------
+# Categories by name, the labelled grid, export
+# --------------------------------------------------------------------------------------------
+
+
+def test_open_results_selects_by_name(sweep_file):
+    import dse
+
+    with xr.open_dataset(sweep_file) as raw:
+        raw = raw.load()
+    ds = dse.open_results(sweep_file)
+    h100 = ds.sel(gpu="h100-sxm-80gb", recompute="full")
+    codes = raw.gpu.attrs["flag_meanings"].split()
+    expected = (raw.gpu == codes.index("h100-sxm-80gb")) & (
+        raw.recompute == raw.recompute.attrs["flag_meanings"].split().index("full")
+    )
+    assert h100.sizes["config"] == int(expected.sum()) > 0
+    np.testing.assert_array_equal(h100.time_to_train_s.values, raw.time_to_train_s.values[expected.values])
+    assert set(np.unique(ds.gpu.values)) == {"h100-sxm-80gb", "a100-sxm-80gb"}
+    assert ds.feasible.dtype == bool
+    # derived columns are coordinates, not index levels: dp always, sp when the study left it auto
+    levels = ds.indexes["config"].names
+    assert "dp" not in levels and "sp" not in levels and {"dp", "sp"} <= set(ds.coords)
+    assert dse.results.axes(ds) == ["gpu", "n_gpus", "tp", "pp", "micro_batch", "vp", "zero", "recompute"]
+
+
+def test_open_results_grid_is_the_study_axes(sweep_file):
+    import dse
+
+    ds = dse.open_results(sweep_file)
+    grid = dse.open_results(sweep_file, grid=True)
+    axes = ("gpu", "n_gpus", "tp", "pp", "micro_batch", "vp", "zero", "recompute")
+    assert grid.time_to_train_s.dims == axes
+    assert grid.time_to_train_s.shape == (2, 2, 3, 2, 2, 2, 2, 2)  # sp (derived) is not an axis
+    assert int(grid.time_to_train_s.notnull().sum()) == ds.sizes["config"]  # one cell per configuration
+    cell = grid.sel(gpu="a100-sxm-80gb", n_gpus=8, tp=2, pp=1, micro_batch=1, vp=1, zero=0, recompute="none")
+    row = ds.sel(gpu="a100-sxm-80gb", n_gpus=8, tp=2, pp=1, micro_batch=1, vp=1, zero=0, recompute="none")
+    assert float(cell.time_to_train_s) == float(row.time_to_train_s.item())
+
+
+def test_open_results_of_an_optimize_file(optimize_run):
+    import dse
+
+    ds = dse.open_results(optimize_run["path"])
+    assert "trial" in ds.dims and ds.trial_number.values.tolist() == list(range(OPT_TRIALS))
+    kinds = set(np.unique(ds.gpu.values))
+    assert kinds and all(isinstance(k, str) for k in kinds)
+    some = sorted(kinds)[0]
+    assert ds.sel(gpu=some).sizes["trial"] == int((ds.gpu == some).sum())
+    with pytest.raises(ValueError, match="grid=True needs a sweep file"):
+        dse.open_results(optimize_run["path"], grid=True)
+
+
+def test_open_results_refuses_what_it_cannot_read(tmp_path):
+    import dse
+
+    with pytest.raises(ValueError, match="no such results file"):
+        dse.open_results(tmp_path / "missing.nc")
+    (tmp_path / "x.nc").write_text("not netCDF")
+    with pytest.raises(ValueError, match="not a netCDF results dataset"):
+        dse.open_results(tmp_path / "x.nc")
+
+
+def test_export_csv_and_parquet(sweep_file, optimize_run, tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    runner = CliRunner()
+    csv, parquet = tmp_path / "t.csv", tmp_path / "t.parquet"
+    res = runner.invoke(app, ["export", str(sweep_file), "--csv", str(csv), "--parquet", str(parquet)])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(csv)
+    with xr.open_dataset(sweep_file) as raw:
+        n = raw.sizes["config"]
+        assert len(table) == n and set(table.gpu) == {"h100-sxm-80gb", "a100-sxm-80gb"}
+        np.testing.assert_allclose(table.cost_usd.values, raw.cost_usd.values, rtol=1e-6)
+    assert set(table.recompute) == {"none", "full"} and {"dp", "sp", "feasible"} <= set(table.columns)
+    pytest.importorskip("pyarrow")
+    frame = pd.read_parquet(parquet)
+    assert frame.shape == table.shape and set(frame.gpu) == set(table.gpu) and frame.feasible.dtype == bool
+    assert frame.attrs["units"]["cost_usd"] == "USD" and frame.attrs["units"]["hbm_used_GiB"] == "GiB"
+    res = runner.invoke(app, ["export", optimize_run["path"], "--csv", str(tmp_path / "o.csv"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert pd.read_csv(tmp_path / "o.csv").trial_number.tolist() == list(range(OPT_TRIALS))
+    res = runner.invoke(app, ["export", str(sweep_file)])
+    assert res.exit_code == 2 and "--csv" in res.output
