@@ -156,3 +156,40 @@ def test_export_csv_and_parquet(sweep_file, optimize_run, tmp_path):
     assert pd.read_csv(tmp_path / "o.csv").trial_number.tolist() == list(range(OPT_TRIALS))
     res = runner.invoke(app, ["export", str(sweep_file)])
     assert res.exit_code == 2 and "--csv" in res.output
+
+
+# --------------------------------------------------------------------------------------------
+# Optuna's own tools
+# --------------------------------------------------------------------------------------------
+
+
+def test_optuna_sees_metric_names_constraints_and_a_feasible_front(tmp_path):
+    """A study loaded with ``optuna.load_study`` names its objectives, carries every constraint
+    under the key ``constraints_func`` writes (what optuna-dashboard shows), keeps trials with no
+    runnable layout off ``study.best_trials``, and has flat, sortable user attributes."""
+    import optuna
+
+    journal = tmp_path / "study.log"
+    s = run_optimize(OPT_STUDY, OPT_TRIALS, seed=3, out=tmp_path, storage=str(journal), batch=OPT_BATCH, progress=False)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name=s["study"], storage=storage)
+    assert study.metric_names == ["time_to_train_s", "cost_usd"]
+    names = study.user_attrs["hetersim_constraints"]
+    assert names[0] == "layout"
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all(len(t.system_attrs["constraints"]) == len(names) for t in trials)
+    infeasible = {t.number for t in trials if max(t.system_attrs["constraints"]) > 0}
+    no_layout = {t.number for t in trials if t.system_attrs["constraints"][0] > 0}
+    assert no_layout and no_layout <= infeasible
+    # Without the constraints, some infeasible trial would be on the front: the check means something.
+    unconstrained = optuna.study._multi_objective._get_pareto_front_trials_by_trials(trials, study.directions)
+    assert {t.number for t in unconstrained} & infeasible
+    best = {t.number for t in study.best_trials}
+    assert best and not best & infeasible
+    with xr.open_dataset(s["path"]) as ds:
+        assert best == set(ds.trial.values[ds.pareto.values.astype(bool)].tolist())
+    frame = study.trials_dataframe()
+    assert {"values_time_to_train_s", "values_cost_usd", "user_attrs_layout", "user_attrs_step_time_s"} <= set(
+        frame.columns
+    )
+    assert frame["user_attrs_tp"].dropna().map(type).eq(int).all()

@@ -23,6 +23,7 @@ from hetersim import planfields
 STATES = ("running", "complete", "pruned", "fail", "waiting")  # optuna TrialState values 0..4
 LAYOUT_COLUMNS = (*PLAN_AXES, "dp")
 RESULT_ATTR = "hetersim"  # per trial: best layout, its metrics, class, price, power, worker
+CONSTRAINTS_KEY = "constraints"  # the list constraints_func writes (optuna.study._constrained_optimization)
 PRUNED_ATTR = "hetersim_pruned"  # why a search.mix trial was pruned (counts over total or budget)
 
 Data = dict[str, tuple[Any, ...]]  # variable name -> (dims, values, attributes)
@@ -125,12 +126,21 @@ def _constraint_variables(data: Data, names: Sequence[str], trials: Sequence[Any
     """``constraint_<key>`` per constraint; returns them as trials x constraints (NaN: not set)."""
     cons = np.full((len(trials), len(names)), np.nan)
     for i, t in enumerate(trials):
-        for j, key in enumerate(names):
-            cons[i, j] = t.constraints.get(key, np.nan)
+        cons[i] = trial_constraints(t, names)
     for j, key in enumerate(names):
         long_name = f"constraint {key}: relative violation (> 0 violates)"
         data[f"constraint_{key}"] = (("trial",), cons[:, j], {"units": "1", "long_name": long_name})
     return cons
+
+
+def trial_constraints(trial: Any, names: Sequence[str]) -> np.ndarray:
+    """A trial's constraint values in ``names`` order (NaN: not set): the list under
+    :data:`CONSTRAINTS_KEY`, or, in a study written before, Optuna 5's per-name keys."""
+    system = trial.system_attrs
+    values = system.get(CONSTRAINTS_KEY)
+    if values is not None and len(values) == len(names):
+        return np.asarray(values, np.float64)
+    return np.array([system.get(f"{CONSTRAINTS_KEY}:{key}", np.nan) for key in names], np.float64)
 
 
 def _selection_variables(data: Data, space: SearchSpace, state: np.ndarray, cons: np.ndarray) -> None:
