@@ -2,6 +2,11 @@
 
 Pure data, no JAX: study files are validated against these names (objectives, constraints) and
 the sweep writes one netCDF variable per entry with its ``units`` and ``long_name``.
+
+``Metric.units`` is the short spelling people read (``GiB``, ``tokens/s``, ``USD``); files get the
+UDUNITS-2 spelling of it (:func:`cf_attrs`: ``2^30 byte``, ``s-1`` with the quantity in the long
+name, ``1`` plus ``currency = "USD"``), which CF checkers, ``cf_units`` and pint-xarray (through
+cf-xarray) accept, and readers turn it back into the short one (:func:`display_units`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,43 @@ METRICS: dict[str, Metric] = {
 DERIVED = {"hbm_frac": Metric("1", "HBM used / HBM capacity")}
 
 CONSTRAINT_PREFIXES = ("max_", "min_")
+
+# Short units -> (UDUNITS-2 units, what the long name adds, extra attributes). Units not listed
+# here are written as they are (``s``, ``1``, ``kW``, ``W``, ``us``, ``ns``, ``1e6`` parse as they are).
+CF_UNITS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "GiB": ("2^30 byte", "", {}),
+    "GB/s": ("Gbyte/s", "", {}),
+    "kWh": ("kW h", "", {}),
+    "TFLOP/s": ("1e12 s-1", "floating-point operations per second", {}),
+    "Gparams/s": ("1e9 s-1", "parameters per second", {}),
+    "tokens/s": ("s-1", "tokens per second", {}),
+    "tokens/s/GPU": ("s-1", "tokens per second per GPU", {}),
+    "USD": ("1", "", {"currency": "USD"}),
+    "USD/h": ("h-1", "", {"currency": "USD"}),
+    "sequences": ("1", "sequences", {}),
+    "tokens": ("1", "tokens", {}),
+}
+
+
+def cf_attrs(units: str, long_name: str) -> dict[str, str]:
+    """``units`` and ``long_name`` (plus ``currency`` where it applies) as a netCDF file writes them:
+    ``units`` in a spelling UDUNITS-2 accepts, the counted quantity named in ``long_name``."""
+    cf, quantity, extra = CF_UNITS.get(units, (units, "", {}))
+    if quantity and quantity not in long_name:
+        long_name = f"{long_name} ({quantity})"
+    return {"units": cf, "long_name": long_name, **extra}
+
+
+def display_units(attrs) -> str:
+    """The short units of a variable's attributes (the inverse of :func:`cf_attrs`; the units of a
+    file written before it pass through)."""
+    units = str(attrs.get("units", ""))
+    currency = attrs.get("currency")
+    long_name = str(attrs.get("long_name", ""))
+    for short, (cf, quantity, extra) in CF_UNITS.items():
+        if cf == units and (not quantity or f"({quantity})" in long_name) and extra.get("currency") == currency:
+            return short
+    return units
 
 
 def constraint_metric(key: str) -> tuple[str, Sense] | None:

@@ -202,6 +202,7 @@ def test_every_field_reaches_the_study_the_sweep_and_the_optimizer(tmp_path):
     import xarray as xr
 
     from dse import study as study_mod
+    from dse.metrics import cf_attrs
     from dse.optimize.results import LAYOUT_COLUMNS
     from dse.sweep import COORD_ATTRS, run_sweep
     from dse.sweep.space import COLUMNS, FIXED_FIELDS
@@ -222,7 +223,10 @@ def test_every_field_reaches_the_study_the_sweep_and_the_optimizer(tmp_path):
     with xr.open_dataset(out) as ds:
         for name in planfields.COLUMNS:
             f = planfields.BY_NAME[name]
-            assert ds[name].attrs["long_name"] == f.long_name == COORD_ATTRS[name][0], name
+            assert f.long_name == COORD_ATTRS[name][0], name
+            # the registry's long name and units, as a file spells them (UDUNITS: dse.metrics.cf_attrs)
+            cf = cf_attrs(f.units, f.long_name)
+            assert {k: ds[name].attrs[k] for k in cf} == cf, name
             if f.kind == "choice":
                 assert ds[name].attrs["flag_meanings"].split() == list(f.names)
         for axis in ("sp", "zero", "loss"):

@@ -13,9 +13,27 @@ app = typer.Typer(
     name="hetersim",
     help="Analytical cost model of LLM training on heterogeneous clusters.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from hetersim import __version__
+
+        typer.echo(f"hetersim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Analytical cost model of LLM training on heterogeneous clusters."""
+
 
 USER_ERRORS = (ValueError, FileNotFoundError, tomllib.TOMLDecodeError)
 

@@ -10,9 +10,10 @@ import numpy as np
 
 from dse import atomic
 from dse.inner import InnerSolver
-from dse.metrics import METRICS
+from dse.metrics import METRICS, cf_attrs
 from dse.optimize.storage import fingerprint
 from dse.pareto import pareto_mask
+from dse.provenance import history
 from dse.search_space import SearchSpace
 from dse.study import PLAN_AXES
 from dse.sweep.checkpoints import package_versions
@@ -22,6 +23,7 @@ from hetersim import planfields
 STATES = ("running", "complete", "pruned", "fail", "waiting")  # optuna TrialState values 0..4
 LAYOUT_COLUMNS = (*PLAN_AXES, "dp")
 RESULT_ATTR = "hetersim"  # per trial: best layout, its metrics, class, price, power, worker
+CONSTRAINTS_KEY = "constraints"  # the list constraints_func writes (optuna.study._constrained_optimization)
 PRUNED_ATTR = "hetersim_pruned"  # why a search.mix trial was pruned (counts over total or budget)
 
 Data = dict[str, tuple[Any, ...]]  # variable name -> (dims, values, attributes)
@@ -62,10 +64,10 @@ def _outer_variables(data: Data, space: SearchSpace, trials: Sequence[Any], stor
     if space.mix is not None:
         for kind, name in zip(space.mix.kinds, space.mix.names, strict=True):
             counts = [r.get("mix", {}).get(kind, t.params.get(name, -1)) for r, t in zip(stored, trials, strict=True)]
-            attrs = {"long_name": f"GPUs of kind {kind} in the mix", "units": "1"}
+            attrs = cf_attrs("1", f"GPUs of kind {kind} in the mix")
             data[name] = (("trial",), np.array(counts, np.int32), attrs)
         totals = [sum(r["mix"].values()) if "mix" in r else -1 for r in stored]
-        data["n_gpus"] = (("trial",), np.array(totals, np.int32), {"long_name": COORD_ATTRS["n_gpus"][0], "units": "1"})
+        data["n_gpus"] = (("trial",), np.array(totals, np.int32), cf_attrs("1", COORD_ATTRS["n_gpus"][0]))
     for p in space.outer:
         values = [t.params.get(p.name) for t in trials]
         if space.mix is not None and p.name != "model":
@@ -76,11 +78,11 @@ def _outer_variables(data: Data, space: SearchSpace, trials: Sequence[Any], stor
             data[p.name] = (("trial",), codes, _flags(COORD_ATTRS[p.name][0], labels))
         elif p.kind == "int":
             arr = np.array([v if v is not None else -1 for v in values], np.int32)
-            data[p.name] = (("trial",), arr, {"long_name": COORD_ATTRS[p.name][0], "units": "1"})
+            data[p.name] = (("trial",), arr, cf_attrs(COORD_ATTRS[p.name][1], COORD_ATTRS[p.name][0]))
         else:
             arr = np.array([v if v is not None else np.nan for v in values], np.float64)
             assert p.param is not None
-            attrs = {"long_name": f"searched hardware parameter {p.param.path}", "units": p.param.units}
+            attrs = cf_attrs(p.param.units, f"searched hardware parameter {p.param.path}")
             data[p.name] = (("trial",), arr, attrs)
 
 
@@ -89,7 +91,7 @@ def _layout_variables(data: Data, stored: Sequence[Mapping]) -> None:
     layouts = [r.get("layout") for r in stored]
     for c in LAYOUT_COLUMNS:
         long_name, units = COORD_ATTRS[c]
-        attrs = {"long_name": f"best layout: {long_name}", "units": units}
+        attrs = cf_attrs(units, f"best layout: {long_name}")
         if planfields.BY_NAME[c].coded:
             labels = planfields.BY_NAME[c].names or ("off", "on")
             codes = [planfields.encode(c, lay[c]) if lay else -1 for lay in layouts]
@@ -106,7 +108,7 @@ def _metric_variables(data: Data, stored: Sequence[Mapping]) -> None:
             arr = np.array([mt[name] if mt else -1 for mt in metrics], np.int32)
         else:
             arr = np.array([mt[name] if mt else np.nan for mt in metrics], np.float64)
-        data[name] = (("trial",), arr, {"units": m.units, "long_name": m.long_name})
+        data[name] = (("trial",), arr, cf_attrs(m.units, m.long_name))
 
     extras = (
         ("price_usd_per_hour", "USD/h", "price per GPU-hour (catalog, overrides and price model)", np.float64),
@@ -117,19 +119,28 @@ def _metric_variables(data: Data, stored: Sequence[Mapping]) -> None:
     for key, units, long_name, dtype in extras:
         fill = np.nan if dtype is np.float64 else -1
         arr = np.array([r.get(key, fill) for r in stored], dtype)
-        data[key] = (("trial",), arr, {"units": units, "long_name": long_name})
+        data[key] = (("trial",), arr, cf_attrs(units, long_name))
 
 
 def _constraint_variables(data: Data, names: Sequence[str], trials: Sequence[Any]) -> np.ndarray:
     """``constraint_<key>`` per constraint; returns them as trials x constraints (NaN: not set)."""
     cons = np.full((len(trials), len(names)), np.nan)
     for i, t in enumerate(trials):
-        for j, key in enumerate(names):
-            cons[i, j] = t.constraints.get(key, np.nan)
+        cons[i] = trial_constraints(t, names)
     for j, key in enumerate(names):
         long_name = f"constraint {key}: relative violation (> 0 violates)"
         data[f"constraint_{key}"] = (("trial",), cons[:, j], {"units": "1", "long_name": long_name})
     return cons
+
+
+def trial_constraints(trial: Any, names: Sequence[str]) -> np.ndarray:
+    """A trial's constraint values in ``names`` order (NaN: not set): the list under
+    :data:`CONSTRAINTS_KEY`, or, in a study written before, Optuna 5's per-name keys."""
+    system = trial.system_attrs
+    values = system.get(CONSTRAINTS_KEY)
+    if values is not None and len(values) == len(names):
+        return np.asarray(values, np.float64)
+    return np.array([system.get(f"{CONSTRAINTS_KEY}:{key}", np.nan) for key in names], np.float64)
 
 
 def _selection_variables(data: Data, space: SearchSpace, state: np.ndarray, cons: np.ndarray) -> None:
@@ -154,6 +165,7 @@ def _trials_attrs(space: SearchSpace, solver: InnerSolver, meta: Mapping[str, An
         "title": f"HeterSim optimize: {meta.get('study_name', space.name)}",
         "Conventions": "CF-1.8",
         "source": "HeterSim bilevel search (Optuna outer loop, vectorized layout solve per trial)",
+        "history": history(),
         "study_name": str(meta.get("study_name", space.name)),
         "study_toml": space.text,
         "objectives": " ".join(space.objectives),

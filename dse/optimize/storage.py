@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from dse.search_space import SearchSpace
 SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
 RDB_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 FINGERPRINT_ATTR = "hetersim_fingerprint"
+CONSTRAINT_NAMES_ATTR = "hetersim_constraints"  # names of the trials' constraint values, in order
 
 
 def check_sampler(name: str) -> None:
@@ -29,9 +31,9 @@ def make_sampler(name: str, space: SearchSpace, seed: int):
     if name == "nsga2":
         # On the example study (4 outer variables, 384 trials, 10 seeds, corners enqueued) a
         # population of 16 gave the best hypervolume; 8, 12, 24 and 32 did worse.
-        return optuna.samplers.NSGAIISampler(population_size=16, seed=seed)
+        return optuna.samplers.NSGAIISampler(population_size=16, seed=seed, **_constraints_kwargs())
     if name == "tpe":
-        return optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True)
+        return optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True, **_constraints_kwargs())
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if not space.discrete:
@@ -49,6 +51,19 @@ def make_sampler(name: str, space: SearchSpace, seed: int):
             return None
 
     return BatchGridSampler({p.name: list(p.grid()) for p in space.outer}, seed=seed)
+
+
+def _constraints_kwargs() -> dict[str, Any]:
+    """Optuna 5's samplers read each trial's stored constraints themselves (``constraints_func`` is
+    deprecated there); Optuna 4's read them only through ``constraints_func``."""
+    import optuna
+
+    return {} if hasattr(optuna.trial.Trial, "set_constraint") else {"constraints_func": stored_constraints}
+
+
+def stored_constraints(trial: Any) -> tuple[float, ...]:
+    """The constraint values :func:`dse.optimize.loop.set_constraints` stored with a trial."""
+    return tuple(trial.system_attrs.get("constraints") or ())
 
 
 def check_storage(storage: str | None) -> None:
@@ -134,6 +149,10 @@ def open_study(space: SearchSpace, storage: Any, study_name: str, sampler: Any):
     if stored is None:
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint(space))
         study.set_user_attr("hetersim_study_toml", space.text)
+        study.set_user_attr(CONSTRAINT_NAMES_ATTR, space.constraint_names())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(space.objectives))  # plots and trials_dataframe say which is which
     elif stored != fingerprint(space):
         raise ValueError(
             f"--study-name {study_name}: the storage holds this study for another study file; "

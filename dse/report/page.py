@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from dse.metrics import display_units
 from dse.report.results import COLUMNS, Results, decode, display, streamed
 from hetersim.units import DAY
 
@@ -58,7 +59,7 @@ def pareto_table(r: Results, records: list[dict[str, Any]]) -> str:
     head = []
     for key in keys:
         title = r.ds[key].attrs.get("long_name", key) if key in r.ds.variables else key
-        units = r.ds[key].attrs.get("units", "") if key in r.ds.variables else ""
+        units = display_units(r.ds[key].attrs) if key in r.ds.variables else ""
         unit = f"<br><span class=u>[{esc(units)}]</span>" if units and units != "1" else ""
         head.append(f'<th title="{esc(title)}">{esc(key)}{unit}</th>')
     if "time_to_train_s" in keys:
@@ -174,7 +175,7 @@ def best_lines(r: Results, records: list[dict[str, Any]]) -> str:
             if not rows:
                 continue
             best = (min if sense == "min" else max)(rows, key=lambda row: row[name])
-            factor, units = display(r.ds[name].attrs.get("units", ""), np.array([best[name]]))
+            factor, units = display(display_units(r.ds[name].attrs), np.array([best[name]]))
             who = f"{gname}: " if len(r.group_names) > 1 else ""
             lines.append(
                 f"<li>{esc(who)}{'lowest' if sense == 'min' else 'highest'} {esc(name)}: "

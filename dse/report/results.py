@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dse.metrics import METRICS
+from dse.metrics import METRICS, display_units
 from dse.pareto import pareto_front
 from hetersim import planfields
 from hetersim.units import DAY, HOUR
@@ -84,7 +84,7 @@ def label_of(ds, name: str, factor_units: tuple[float, str] | None = None) -> st
     """Axis label from a variable's ``long_name`` and ``units`` (converted units when given)."""
     attrs = ds[name].attrs
     long_name = attrs.get("long_name", name)
-    units = factor_units[1] if factor_units is not None else attrs.get("units", "")
+    units = factor_units[1] if factor_units is not None else display_units(attrs)
     return f"{long_name} [{units}]" if units and units != "1" else str(long_name)
 
 

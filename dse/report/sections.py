@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dse.metrics import STEP_TERM_LABELS
+from dse.metrics import STEP_TERM_LABELS, display_units
 from dse.pareto import pareto_front
 from dse.report.page import esc
 from dse.report.results import Results, decode, display, flag_labels, label_of, shown
@@ -78,8 +78,8 @@ def section_fronts(r: Results, pareto: np.ndarray, figs: Figures) -> str:
     for xname, yname in FRONTS:
         extra: list[int] = []
         x_all, y_all = r.values(xname).astype(np.float64), r.values(yname).astype(np.float64)
-        fx = display(r.ds[xname].attrs.get("units", ""), x_all[r.feasible])
-        fy = display(r.ds[yname].attrs.get("units", ""), y_all[r.feasible])
+        fx = display(display_units(r.ds[xname].attrs), x_all[r.feasible])
+        fy = display(display_units(r.ds[yname].attrs), y_all[r.feasible])
         panels, counts = [], []
         for g in np.unique(r.group[r.feasible]):
             idx = np.flatnonzero(r.feasible & (r.group == g))
@@ -259,7 +259,7 @@ def section_heatmaps(r: Results, figs: Figures) -> str:
     for a, b in pairs:
         for name, sense in zip(r.objectives[:2], r.senses[:2], strict=False):
             v = r.values(name).astype(np.float64)
-            scale = display(r.ds[name].attrs.get("units", ""), v[r.feasible])
+            scale = display(display_units(r.ds[name].attrs), v[r.feasible])
             per_group = "model" not in (a, b) and len(r.group_names) > 1
             groups = np.unique(r.group[r.feasible]) if per_group else [None]
             panels = []

@@ -2,7 +2,8 @@
 
 One ``config`` dimension; the columns of :data:`dse.sweep.space.COLUMNS` are coordinates along
 it (categoricals as small int codes with CF ``flag_values``/``flag_meanings``); one variable per
-metric of :data:`dse.metrics.METRICS` with ``units`` and ``long_name``, then
+metric of :data:`dse.metrics.METRICS` with ``units`` (UDUNITS-2 spellings,
+:func:`dse.metrics.cf_attrs`) and ``long_name``, then
 :data:`EXTRA_VARIABLES`. The study, the calibration and the versions are in the attributes
 (:func:`dataset_attrs`).
 """
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from dse import atomic
-from dse.metrics import METRICS
+from dse.metrics import METRICS, cf_attrs
+from dse.provenance import history
 from dse.study import Study
 from dse.sweep.checkpoints import Checkpoints, package_versions
 from dse.sweep.space import CODE_COLUMNS, COLUMNS, Space
@@ -89,7 +91,7 @@ def define_config_variables(nc, space: Space, opts: Mapping[str, Any], extra_coo
         if name in METRICS:
             m = METRICS[name]
             var = nc.createVariable(name, m.dtype, ("config",), **opts)
-            var.units, var.long_name = m.units, m.long_name
+            var.setncatts(cf_attrs(m.units, m.long_name))
             if name == "infeasible":
                 flags = [f for f in Infeasible if f]
                 var.flag_masks = np.array([int(f) for f in flags], np.int32)
@@ -109,7 +111,7 @@ def define_config_variables(nc, space: Space, opts: Mapping[str, Any], extra_coo
 
 def column_attrs(var, space: Space, c: str) -> None:
     long_name, units = COORD_ATTRS[c]
-    var.long_name, var.units = long_name, units
+    var.setncatts(cf_attrs(units, long_name))
     if c in CODE_COLUMNS:
         labels = space.labels(c)
         var.flag_values = np.arange(len(labels), dtype=np.int8)
@@ -125,6 +127,7 @@ def dataset_attrs(study: Study, space: Space, chunk: int, fp: str, cal: Calibrat
         "title": f"HeterSim sweep: {study.name}",
         "Conventions": "CF-1.8",
         "source": "HeterSim analytical cost model (hetersim.simulate)",
+        "history": history(),
         "study_name": study.name,
         "study_description": study.description,
         "study_toml": study.text,

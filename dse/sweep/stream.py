@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dse import atomic
-from dse.metrics import METRICS
+from dse.metrics import METRICS, cf_attrs
 from dse.pareto import pareto_mask
 from dse.study import Study
 from dse.sweep.dataset import (
@@ -422,8 +422,7 @@ def _write_marginals(nc, space: Space, reducer: Reducer, state: StreamState) -> 
             m = METRICS[o]
             var = nc.createVariable(f"best_{o}_by_{c}", "f4", (dim,))
             word = "lowest" if m.sense == "min" else "highest"
-            var.long_name = f"{word} {m.long_name} among feasible configurations, per {c}"
-            var.units = m.units
+            var.setncatts(cf_attrs(m.units, f"{word} {m.long_name} among feasible configurations, per {c}"))
             var[:] = best[j].astype(np.float32)
 
 

@@ -1,0 +1,60 @@
+"""``hetersim export``: a results dataset as a CSV or Parquet table, with names for codes.
+
+Bad input raises ``ValueError`` (the CLI prints it on one line and exits 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from dse import format as fmt
+
+from .app import app, user_errors
+
+
+def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out: bool = False) -> dict[str, Any]:
+    """Write the table of :func:`dse.results.to_frame` to ``csv`` and/or ``parquet`` (atomically)."""
+    from dse import atomic
+    from dse.results import to_frame
+
+    if csv is None and parquet is None:
+        raise ValueError("give --csv PATH and/or --parquet PATH")
+    if parquet is not None:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError("--parquet needs pyarrow: pip install 'hetersim[parquet]'") from None
+    frame = to_frame(path)
+    written = []
+    for target, write in (
+        (csv, lambda tmp: frame.to_csv(tmp, index=False)),
+        (parquet, lambda tmp: frame.to_parquet(tmp, index=False)),
+    ):
+        if target is None:
+            continue
+        if not target.parent.is_dir():
+            raise ValueError(f"{target}: folder {target.parent} does not exist")
+        atomic.atomic_write(target, write)
+        written.append(str(target))
+    out = {"path": str(path), "rows": len(frame), "columns": len(frame.columns), "written": written}
+    if json_out:
+        print(fmt.dumps(out))
+    else:
+        for w in written:
+            fmt.console().print(f"wrote {w} ({len(frame):,} rows x {len(frame.columns)} columns)")
+    return out
+
+
+@app.command("export")
+@user_errors
+def export_cmd(
+    path: Path = typer.Argument(..., help="Results dataset (.nc) from `hetersim sweep` or `hetersim optimize`."),
+    csv: Path | None = typer.Option(None, "--csv", help="Write a CSV table here."),
+    parquet: Path | None = typer.Option(None, "--parquet", help="Write a Parquet table here (needs pyarrow)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Export a results dataset as a table: one row per configuration (or trial), names for codes."""
+    export_command(path, csv, parquet, as_json)
