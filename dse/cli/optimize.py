@@ -20,6 +20,8 @@ from hetersim import planfields
 from .app import app, positive, user_errors
 
 INTERRUPTED_EXIT = 130
+MAX_TRIALS = 10**7  # trials a study may hold
+MAX_BATCH = 1 << 16  # trials asked and solved in one vectorized call
 PARETO_ROWS = 10
 LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "dp", "micro_batch", "zero", "recompute", "precision")
 
@@ -243,5 +245,7 @@ def optimize_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Search the hardware with Optuna, solving every layout of each trial at once; write all trials."""
-    positive("--batch", batch)
+    positive("--batch", batch, hi=MAX_BATCH)
+    if trials > MAX_TRIALS:
+        raise ValueError(f"--trials must be an integer from 0 to {MAX_TRIALS:,}; got {trials:,}")
     optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.inner import InnerSolver
 from dse.metrics import METRICS
 from dse.optimize.results import (
@@ -172,7 +173,10 @@ def run_optimize(
     check_sampler(sampler)
     check_storage(storage)
     space = load_search(study_path)
+    if study_name is not None and not study_name.strip():
+        raise ValueError("--study-name must not be empty (leave it out for the study's name)")
     name = study_name or space.name
+    atomic.check_target(output_path(out, name), "--out")
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
         raise ValueError(f"--study-name must be letters, digits, '.', '_' or '-'; got {name!r}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.study import Study, load_study
 from dse.sweep.checkpoints import Checkpoints, checkpoint_folder, fingerprint
 from dse.sweep.dataset import write_dataset
@@ -63,6 +64,7 @@ def run_sweep(
     """
     _check_options(scheduler, workers, top_k)
     job = _prepare(study_path, out_dir, chunk)
+    check_output(job.path)
     if stream is None:
         stream = job.space.size >= STREAM_THRESHOLD
     job.path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,12 @@ def run_sweep(
     sink.write()
     sink.ckpt.clear()
     return job.path
+
+
+def check_output(path: Path) -> None:
+    """The dataset ``path`` and its checkpoint folder can be written (``--out``), before any work."""
+    atomic.check_target(path, "--out")
+    atomic.check_folder(checkpoint_folder(path), "--out")
 
 
 def _check_options(scheduler: str | None, workers: int, top_k: int) -> None:
