@@ -35,7 +35,7 @@ def optimize_command(
     study: Path,
     trials: int,
     sampler: str,
-    seed: int,
+    seed: int | None,
     out: Path,
     storage: str | None,
     study_name: str | None,
@@ -235,7 +235,12 @@ def optimize_cmd(
     sampler: str = typer.Option(
         "auto", "--sampler", help="auto|nsga2|tpe|random|grid (auto: NSGA-II, or TPE for one objective)."
     ),
-    seed: int = typer.Option(0, "--seed", help="Sampler seed; the same seed reproduces a run."),
+    seed: int | None = typer.Option(
+        None,
+        "--seed",
+        help="Sampler seed; the same seed reproduces a run [default: 0; with --storage a fresh seed per worker, "
+        "so workers sharing a study sample different points (the summary prints it)].",
+    ),
     out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
     storage: str | None = typer.Option(
         None, "--storage", help="Journal file or RDB URL (sqlite:///x.db, postgresql://...) shared by workers."
