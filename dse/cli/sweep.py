@@ -61,6 +61,7 @@ def sweep_command(
         print(fmt.dumps(summary))
     else:
         print_sweep_summary(fmt.console(), summary)
+        fmt.console().print(f"next: hetersim report {path}  (an offline HTML page with the Pareto fronts)")
     return summary
 
 
