@@ -73,3 +73,32 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
 def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     """``text`` to ``path``, atomically."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding=encoding))
+
+
+def check_target(path: str | Path, what: str) -> Path:
+    """A one-line ``ValueError`` naming ``what`` (a flag) unless file ``path`` can be written: it
+    is not a folder, and its nearest existing ancestor is a folder this process may write into.
+    Called before any work, so that a bad output location fails at once and leaves nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path}: is a folder; give a file path")
+    _check_ancestor(path.parent, path, what)
+    return path
+
+
+def check_folder(path: str | Path, what: str) -> Path:
+    """Like :func:`check_target` for a folder ``path`` that will be created or written into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path}: is a file, not a folder")
+    _check_ancestor(path, path, what)
+    return path
+
+
+def _check_ancestor(folder: Path, path: Path, what: str) -> None:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{what} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path}: folder {folder} is not writable")

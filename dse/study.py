@@ -107,8 +107,12 @@ def read_study_text(path: Path) -> str:
         return path.read_text()
     except FileNotFoundError:
         raise ValueError(f"study file {path}: not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"study file {path}: is a folder; give a study TOML file") from None
     except OSError as error:
         raise ValueError(f"study file {path}: cannot read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"study file {path}: not a text (UTF-8) TOML file") from None
 
 
 def load_study(path: str | Path | None = None, catalog: Catalog | None = None) -> Study:
@@ -212,7 +216,8 @@ def _hardware(origin: str, hw: Mapping[str, Any], catalog: Catalog, clusters) ->
         gpus[key] = entry
     if clusters and "n_gpus" not in hw:
         return gpus, tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
-    return gpus, _ints(origin, "hardware.n_gpus", _required(origin, "hardware.n_gpus", hw.get("n_gpus")), lo=1)
+    n_gpus = _required(origin, "hardware.n_gpus", hw.get("n_gpus"))
+    return gpus, _ints(origin, "hardware.n_gpus", n_gpus, lo=1, hi=int(planfields.BY_NAME["n_gpus"].hi))
 
 
 def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mapping, gpus: Mapping) -> dict:
@@ -223,8 +228,8 @@ def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mappi
         if raw[key] == "auto":
             raise _err(origin, f"plan.{key}", '"auto" is not allowed here; give a value or a list of values')
     # Axes that "auto" derives from others are parsed first.
-    axes["global_batch"] = _ints(origin, "plan.global_batch", raw["global_batch"], lo=1)
-    axes["seq_len"] = _ints(origin, "plan.seq_len", raw["seq_len"], lo=1)
+    for key in ("global_batch", "seq_len"):
+        axes[key] = _ints(origin, f"plan.{key}", raw[key], lo=1, hi=int(planfields.BY_NAME[key].hi))
     ctx = _AutoContext(
         axes["n_gpus"], list(models.values()), list(gpus.values()), axes["global_batch"], axes["seq_len"]
     )
@@ -441,11 +446,12 @@ def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
             raise _err(origin, "plan.micro_batch", f"{b} is larger than every plan.global_batch")
 
 
-def _number(origin: str, key: str, value: Any, positive: bool = True) -> float:
+def _number(origin: str, key: str, value: Any, positive: bool = True, hi: float = math.inf) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (positive and value <= 0) or (not positive and value < 0):
+    if not ok or (positive and value <= 0) or (not positive and value < 0) or (ok and value > hi):
         kind = "a positive number" if positive else "a number >= 0"
-        raise _err(origin, key, f"must be {kind}; got {value!r}")
+        bound = "" if math.isinf(hi) else f" up to {hi:.6g}"
+        raise _err(origin, key, f"must be {kind}{bound}; got {value!r}")
     return float(value)
 
 
@@ -457,7 +463,7 @@ def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
             continue
         f, value, full = planfields.BY_NAME[key], plan_t[key], f"plan.{key}"
         if f.kind == "float":
-            out[key] = _number(origin, full, value, positive=f.lo > 0)
+            out[key] = _number(origin, full, value, positive=f.lo > 0, hi=f.hi)
         elif f.kind == "bool":
             if not isinstance(value, bool):
                 raise _err(origin, full, f"must be true or false; got {value!r}")

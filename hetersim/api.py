@@ -167,6 +167,7 @@ def configure(
     cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
     system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, **cxl)
     tiers.check_offload(system.host, resolved["offload"])
+    check_layout(model_entry, plan, resolved)
     out = _compiled("simulate")(m, system, plan_s, cal)
     return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out)
 
@@ -184,6 +185,32 @@ def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:
             f"{{0}} {kernel} cannot run on {entry.get('name', '?')} (no fused attention kernel there); use materialized"
         )
         raise FieldError(message, "attention")
+
+
+def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """A :class:`FieldError` naming the fields when the plan's own numbers contradict each other:
+    ``dp`` given that does not make ``tp*pp*cp*dp`` the GPU count, a global batch that
+    ``micro_batch*dp`` does not divide, an interleaved schedule whose chunks do not split the layers
+    evenly. One configuration given field by field is a question with a mistake in it, not an
+    answer; a sweep's or a search's points keep such layouts as infeasible data (the model's
+    :class:`~hetersim.types.Infeasible` flags)."""
+    n, tp, pp, cp = (int(resolved.get(k) or 1) for k in ("n_gpus", "tp", "pp", "cp"))
+    dp, vp, mb, gb = (int(resolved.get(k) or 1) for k in ("dp", "vp", "micro_batch", "global_batch"))
+    if given.get("dp") is not None and tp * pp * cp * dp != n:
+        product = f"{{2}} {tp} x {{3}} {pp} x {{4}} {cp} x {{1}} {dp} = {tp * pp * cp * dp}"
+        raise FieldError(
+            f"{{0}} {n} contradicts {product}; leave {{1}} out to derive it", "n_gpus", "dp", "tp", "pp", "cp"
+        )
+    if gb % (mb * dp):
+        raise FieldError(f"{{0}} {gb} is not a multiple of {{1}} x dp = {mb} x {dp}", "global_batch", "micro_batch")
+    layers = int(model.get("layers", 0) or 0)
+    if vp > 1 and layers and layers % (pp * vp):
+        raise FieldError(
+            f"{{0}} {pp} and {{1}} {vp} do not split the model's {layers} layers into equal chunks "
+            f"(interleaving needs layers divisible by pp*vp = {pp * vp})",
+            "pp",
+            "vp",
+        )
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:

@@ -28,6 +28,15 @@ Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
 REQUIRED = object()  # default of a field every plan must give
 
+# Upper bounds: far above any machine or run (the largest trainings use ~1e5 GPUs, batches of
+# ~1e4 sequences, ~1e13 tokens) and far below what float32 leaves turn into inf or lose to
+# rounding, so an absurd value is a one-line error instead of an overflow.
+MAX_GPUS = 1 << 20
+MAX_BATCH = 1 << 24  # sequences
+MAX_SEQ_LEN = 1 << 27  # tokens
+MAX_TRAIN_TOKENS = 1e16
+MAX_MPARAMS = 1e7  # 1e13 parameters
+
 
 @dataclasses.dataclass(frozen=True)
 class PlanField:
@@ -82,18 +91,33 @@ class PlanField:
 
 
 FIELDS: tuple[PlanField, ...] = (
-    PlanField("n_gpus", "int", REQUIRED, "number of GPUs", layout=True, flag="--gpus", help="Number of GPUs."),
-    PlanField("tp", "int", 1, "tensor-parallel size", label="tp", axis=True, layout=True),
-    PlanField("pp", "int", 1, "pipeline-parallel size", label="pp", axis=True, layout=True),
-    PlanField("cp", "int", 1, "context-parallel size", label="cp", axis=True, layout=True),
-    PlanField("micro_batch", "int", 1, "micro-batch size", "sequences", label="mb", axis=True, layout=True),
-    PlanField("global_batch", "int", REQUIRED, "global batch size", "sequences", label="gb", axis=True, layout=True),
+    PlanField(
+        "n_gpus", "int", REQUIRED, "number of GPUs", layout=True, hi=MAX_GPUS, flag="--gpus", help="Number of GPUs."
+    ),
+    PlanField("tp", "int", 1, "tensor-parallel size", label="tp", axis=True, layout=True, hi=MAX_GPUS),
+    PlanField("pp", "int", 1, "pipeline-parallel size", label="pp", axis=True, layout=True, hi=MAX_GPUS),
+    PlanField("cp", "int", 1, "context-parallel size", label="cp", axis=True, layout=True, hi=MAX_GPUS),
+    PlanField(
+        "micro_batch", "int", 1, "micro-batch size", "sequences", label="mb", axis=True, layout=True, hi=MAX_BATCH
+    ),
+    PlanField(
+        "global_batch",
+        "int",
+        REQUIRED,
+        "global batch size",
+        "sequences",
+        label="gb",
+        axis=True,
+        layout=True,
+        hi=MAX_BATCH,
+    ),
     PlanField(
         "dp",
         "int",
         AUTO,
         "data-parallel size, n_gpus / (tp*pp*cp)",
         label="dp",
+        hi=MAX_GPUS,
         auto_rule="n_gpus / (tp*pp*cp)",
         help="Data-parallel size (default: gpus/(tp*pp*cp)).",
     ),
@@ -104,6 +128,7 @@ FIELDS: tuple[PlanField, ...] = (
         "virtual pipeline chunks per stage",
         label="vp",
         axis=True,
+        hi=MAX_GPUS,
         help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1).",
     ),
     PlanField("zero", "int", 0, "ZeRO stage (3 = FSDP)", label="z", axis=True, lo=0, hi=3, help="ZeRO stage 0-3."),
@@ -128,6 +153,7 @@ FIELDS: tuple[PlanField, ...] = (
         "tokens",
         label="seq",
         axis=True,
+        hi=MAX_SEQ_LEN,
         help="Sequence length (default: the model's).",
     ),
     PlanField("attention", "choice", "flash", "attention kernel", axis=True, options=Attention),
@@ -149,7 +175,13 @@ FIELDS: tuple[PlanField, ...] = (
         options=Order,
     ),
     PlanField(
-        "train_tokens", "float", 2.0e12, "token budget to train", "tokens", help="Token budget for time/cost/energy."
+        "train_tokens",
+        "float",
+        2.0e12,
+        "token budget to train",
+        "tokens",
+        hi=MAX_TRAIN_TOKENS,
+        help="Token budget for time/cost/energy.",
     ),
     PlanField(
         "offload",
@@ -177,6 +209,7 @@ FIELDS: tuple[PlanField, ...] = (
         "DP/ZeRO collective granularity",
         "1e6",
         lo=0.0,
+        hi=MAX_MPARAMS,
         zero_means="default",
         help="DP/ZeRO bucket in 1e6 parameters (0: the stack's default).",
     ),
@@ -187,6 +220,7 @@ FIELDS: tuple[PlanField, ...] = (
         "ZeRO-3 reuse distance (DeepSpeed)",
         "1e6",
         lo=0.0,
+        hi=MAX_MPARAMS,
         zero_means="FSDP, keeps gathered weights",
         help="ZeRO-3 reuse distance in 1e6 parameters (DeepSpeed's stage3_max_reuse_distance; 0: FSDP).",
     ),
@@ -298,17 +332,28 @@ def _number(f: PlanField, value: Any) -> float:
         v = math.nan
     ok = math.isfinite(v) and v >= f.lo and v <= f.hi and (v > 0 or f.lo <= 0) and (not integer or v == int(v))
     if not ok:
-        raise ValueError(f"{f.name} must be {_rule(f)}; got {value!r}")
+        raise ValueError(f"{f.name} must be {rule(f.name)}; got {value!r}")
     return v
 
 
 def _rule(f: PlanField) -> str:
+    """The range of a numeric field in words (``a positive integer <= 1,048,576``, ``one of 0, 1, 2, 3``)."""
     kind = "integer" if f.kind == "int" else "number"
-    if f.hi < math.inf:
+    if f.hi - f.lo <= 8:
         return f"one of {', '.join(str(int(x)) for x in range(int(f.lo), int(f.hi) + 1))}"
+    bound = "" if math.isinf(f.hi) else f" <= {_bound(f.hi)}"
     if f.lo <= 0:
-        return ">= 0" + (f" (0 = {f.zero_means})" if f.zero_means else "")
-    return f"a positive {kind}"
+        return f"a {kind} from 0 to {_bound(f.hi)}" if bound else ">= 0"
+    return f"a positive {kind}{bound}"
+
+
+def _bound(hi: float) -> str:
+    return f"{int(hi):,}" if hi < 1e9 else f"{hi:.0e}"
+
+
+def rule(name: str) -> str:
+    """The range of plan field ``name`` in words, as in its error messages."""
+    return _rule(BY_NAME[name]) + (f" (0 = {BY_NAME[name].zero_means})" if BY_NAME[name].zero_means else "")
 
 
 def _offload_codes(offload: Mapping[str, str] | None) -> np.ndarray:

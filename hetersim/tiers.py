@@ -53,6 +53,7 @@ DEFAULT_DRAM_CHANNEL = "ddr5-4800-channel"
 DEFAULT_DRAM_CHANNELS = 16  # estimate: two sockets of 8 DDR5 channels (the DGX H100 host)
 CXL2_SWITCH, CXL3_SWITCH = "cxl2-switch", "cxl3-switch"
 
+MAX_COUNT = 1 << 16  # CXL devices per node, hosts per pool, switch levels: far above any product
 _EXPANDER_RE = re.compile(r"^(?P<device>[^:]+):(?P<count>[^:]+)$")
 _POOL_RE = re.compile(r"^(?P<device>[^:]+):(?P<hosts>[^:]+?)(?:hosts?)?(?::(?P<levels>[^:]+?)(?:levels?)?)?$")
 
@@ -69,6 +70,8 @@ def _count(what: str, text: str, given: str) -> int:
         raise ValueError(f"{what} must be a positive integer; got {given!r}") from None
     if value <= 0:
         raise ValueError(f"{what} must be a positive integer; got {given!r}")
+    if value > MAX_COUNT:
+        raise ValueError(f"{what} must be a positive integer <= {MAX_COUNT:,}; got {given!r}")
     return value
 
 

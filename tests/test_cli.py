@@ -219,7 +219,7 @@ def test_console_script_exit_code_and_stderr():
     cmd = [sys.executable, "-m", "dse", *EVAL, "--model", "llama2-7b", "--tp", "-1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: --tp must be a positive integer; got -1"]
+    assert proc.stderr.strip().splitlines() == ["error: --tp must be a positive integer <= 1,048,576; got -1"]
     assert proc.stdout == ""
 
 

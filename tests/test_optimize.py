@@ -620,3 +620,81 @@ def test_mix_bad_input_is_one_line_naming_the_key(line, needle):
         parse_search(MIX_STUDY + line)
     message = str(info.value)
     assert needle in message and "\n" not in message
+
+
+def _running_trials(journal: Path) -> int:
+    """RUNNING trials of the journal's study that their worker has marked (asked and held)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    from dse.optimize.storage import WORKER_ATTR
+
+    if not journal.is_file():
+        return 0
+    try:
+        storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+        study = optuna.load_study(study_name="llama2-13b-hardware", storage=storage)
+    except (KeyError, ValueError):  # the study is not written yet
+        return 0
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    return sum(WORKER_ATTR in t.system_attrs for t in running)
+
+
+def test_killed_worker_leaves_no_trial_running_forever(tmp_path):
+    """A worker killed with SIGKILL while its trials run cannot fail them; the next run on the
+    same journal fails them (their worker is gone) and completes the study."""
+    import signal
+    import time
+
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    journal = tmp_path / "study.log"
+    cmd = [sys.executable, "-c", WORKER, str(STUDY), "48", "3", str(tmp_path / "killed"), str(journal)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while _running_trials(journal) == 0:  # the first batch is asked; its solve compiles for seconds
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the worker never held a running trial"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stranded = _running_trials(journal)
+    assert stranded > 0
+
+    s = run_optimize(STUDY, 48, seed=3, out=tmp_path, storage=str(journal), batch=16, progress=False)
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    trials = optuna.load_study(study_name="llama2-13b-hardware", storage=storage).trials
+    states = [t.state for t in trials]
+    assert optuna.trial.TrialState.RUNNING not in states
+    assert set(states) <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL}
+    assert states.count(optuna.trial.TrialState.FAIL) == stranded
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 48 and s["n_trials"] == len(trials)
+
+
+def test_stale_trials_of_a_silent_worker_elsewhere_are_failed_after_the_grace_period(tmp_path):
+    """A worker on another host cannot be asked whether it lives: its trials fail once its
+    heartbeat is older than the grace period, not before."""
+    import optuna
+
+    from dse.optimize import storage as st
+
+    study = optuna.create_study(storage=st.open_storage(str(tmp_path / "j.log")), study_name="s")
+    trial = study.ask()
+    study._storage.set_trial_system_attr(trial._trial_id, st.WORKER_ATTR, "elsewhere:1")
+    study._storage.set_trial_system_attr(trial._trial_id, st.BEAT_ATTR, 1000.0)
+    assert st.fail_stale_trials(study, now=1000.0 + st.GRACE_S - 1) == []
+    assert st.fail_stale_trials(study, now=1000.0 + st.GRACE_S + 1) == [trial.number]
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+
+
+def test_workers_without_seed_sample_differently():
+    from dse.optimize.loop import worker_seed
+
+    assert worker_seed(None, None) == 0 and worker_seed(5, "j.log") == 5
+    assert len({worker_seed(None, "j.log") for _ in range(8)}) > 1

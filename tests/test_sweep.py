@@ -195,6 +195,43 @@ def test_interrupted_sweep_resumes_to_the_same_dataset(tmp_path, tiny):
         assert_same(resumed.load(), full)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not-a-zip", "foreign-rows"])
+def test_damaged_or_foreign_checkpoint_is_computed_again_with_a_warning(tmp_path, tiny, capsys, damage):
+    """A chunk file cut short, replaced by other bytes, or holding another sweep's rows is removed
+    with one ``warning:`` line and recomputed; the dataset equals the uninterrupted one."""
+    study, full = tiny
+    out = tmp_path / "out"
+
+    def stop_after_three(index: int) -> None:
+        if index == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=stop_after_three)
+    folder = out / "tiny.nc.chunks"
+    bad = folder / "chunk_000001.npz"
+    if damage == "truncated":
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    elif damage == "not-a-zip":
+        bad.write_text("not a checkpoint\n")
+    else:
+        np.savez(bad, step_time_s=np.zeros(3))
+    (folder / "notes.txt").write_text("a file of the user's\n")
+    capsys.readouterr()
+
+    computed: list[int] = []
+    path = sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=computed.append)
+    n_chunks = -(-full.sizes["config"] // CHUNK)
+    assert sorted(computed) == [1, *range(3, n_chunks)]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, warnings
+    assert "chunk_000001.npz: unreadable checkpoint" in warnings[0] and "computing chunk 1 again" in warnings[0]
+    assert "notes.txt" in warnings[1]  # the folder is kept for the user's file, the sweep's files removed
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    with xr.open_dataset(path) as resumed:
+        assert_same(resumed.load(), full)
+
+
 def test_checkpoints_of_another_study_are_discarded(tmp_path, tiny):
     study, full = tiny
     out = tmp_path / "out"

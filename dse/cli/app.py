@@ -3,11 +3,50 @@
 from __future__ import annotations
 
 import functools
+import math
+import sys
 import tomllib
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.2x vendors click; its exceptions are its own classes
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - a typer that uses the click package
+    from click import exceptions as click
+
+
+class OneLineErrors(TyperGroup):
+    """The app's group: click's usage errors (a missing option, a value that is not an integer, an
+    unknown command) are one line ``error: ...`` and exit 2, like the commands' own errors,
+    instead of click's usage box."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.NoArgsIsHelpError as error:
+            if not standalone_mode:
+                raise
+            error.show()
+            sys.exit(error.exit_code)
+        except click.ClickException as error:
+            if not standalone_mode:
+                raise
+            hint = ""
+            if isinstance(error, click.UsageError) and error.ctx is not None:
+                hint = f" (see {error.ctx.command_path} --help)"
+            fail(error.format_message() + hint, error.exit_code if error.exit_code else 2, exit=sys.exit)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
 
 app = typer.Typer(
     name="hetersim",
@@ -15,6 +54,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    cls=OneLineErrors,
 )
 
 
@@ -36,14 +76,27 @@ def main(
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, tomllib.TOMLDecodeError)
+# Errors of the operating system about a path the user named (a folder given for a file, a file
+# that cannot be read): the message names the path; shown on one line as a user error too.
+PATH_ERRORS = (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(message: object, code: int = 2) -> NoReturn:
+def fail(message: object, code: int = 2, exit: Callable[[int], Any] | None = None) -> NoReturn:
+    """Print ``error: <message>`` on one line of stderr and exit with ``code`` (``typer.Exit``
+    inside a command; ``exit`` instead where typer no longer catches it)."""
     line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     typer.echo(f"error: {line}", err=True)
+    if exit is not None:
+        exit(code)
     raise typer.Exit(code)
+
+
+def path_error(error: OSError) -> str:
+    """``<path>: <reason>`` for an operating-system error about a path."""
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{(error.strerror or str(error)).lower()}"
 
 
 def user_errors(fn: F) -> F:
@@ -55,10 +108,18 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except USER_ERRORS as error:
             fail(error)
+        except PATH_ERRORS as error:
+            fail(path_error(error))
 
     return wrapper  # type: ignore[return-value]
 
 
-def positive(flag: str, value: int | float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"{flag} must be a positive {'integer' if isinstance(value, int) else 'number'}; got {value}")
+def positive(flag: str, value: int | float | None, hi: float = math.inf) -> None:
+    """A one-line ``ValueError`` unless ``value`` (None: not given) is in ``(0, hi]``."""
+    if value is None:
+        return
+    kind = "integer" if isinstance(value, int) else "number"
+    if not value > 0:
+        raise ValueError(f"{flag} must be a positive {kind}; got {value}")
+    if value > hi:
+        raise ValueError(f"{flag} must be a positive {kind} <= {hi:,.0f}; got {value:,}")

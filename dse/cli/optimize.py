@@ -21,6 +21,8 @@ from hetersim.units import DAY
 from .app import app, positive, user_errors
 
 INTERRUPTED_EXIT = 130
+MAX_TRIALS = 10**7  # trials a study may hold
+MAX_BATCH = 1 << 16  # trials asked and solved in one vectorized call
 PARETO_ROWS = 10
 LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "dp", "micro_batch", "zero", "recompute", "precision")
 
@@ -34,7 +36,7 @@ def optimize_command(
     study: Path,
     trials: int,
     sampler: str,
-    seed: int,
+    seed: int | None,
     out: Path,
     storage: str | None,
     study_name: str | None,
@@ -234,7 +236,12 @@ def optimize_cmd(
     sampler: str = typer.Option(
         "auto", "--sampler", help="auto|nsga2|tpe|random|grid (auto: NSGA-II, or TPE for one objective)."
     ),
-    seed: int = typer.Option(0, "--seed", help="Sampler seed; the same seed reproduces a run."),
+    seed: int | None = typer.Option(
+        None,
+        "--seed",
+        help="Sampler seed; the same seed reproduces a run [default: 0; with --storage a fresh seed per worker, "
+        "so workers sharing a study sample different points (the summary prints it)].",
+    ),
     out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
     storage: str | None = typer.Option(
         None, "--storage", help="Journal file or RDB URL (sqlite:///x.db, postgresql://...) shared by workers."
@@ -244,5 +251,7 @@ def optimize_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Search the hardware with Optuna, solving every layout of each trial at once; write all trials."""
-    positive("--batch", batch)
+    positive("--batch", batch, hi=MAX_BATCH)
+    if trials > MAX_TRIALS:
+        raise ValueError(f"--trials must be an integer from 0 to {MAX_TRIALS:,}; got {trials:,}")
     optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from dse import atomic
 from dse import format as fmt
 from hetersim import planfields
 from hetersim.units import DAY
@@ -21,6 +22,9 @@ from hetersim.units import DAY
 from .app import app, positive, user_errors
 
 INTERRUPTED_EXIT = 130
+MAX_CHUNK = 1 << 22  # configurations per compiled batch: ~4M rows already need GiBs of device memory
+MAX_CONFIGS = 2**31 - 1  # bench: configurations to evaluate (indexed by int32, as in a sweep)
+MAX_TOP_K = 10**6  # configurations kept per objective by a streamed sweep
 
 
 def sweep_command(
@@ -58,6 +62,7 @@ def sweep_command(
         print(fmt.dumps(summary))
     else:
         print_sweep_summary(fmt.console(), summary)
+        fmt.console().print(f"next: hetersim report {path}  (an offline HTML page with the Pareto fronts)")
     return summary
 
 
@@ -148,8 +153,8 @@ def sweep_cmd(
     top_k: int = typer.Option(100, "--top-k", help="Configurations kept per objective when streaming."),
 ) -> None:
     """Evaluate every configuration of a study; write a netCDF dataset and print the best ones."""
-    positive("--chunk", chunk)
-    positive("--top-k", top_k)
+    positive("--chunk", chunk, hi=MAX_CHUNK)
+    positive("--top-k", top_k, hi=MAX_TOP_K)
     if workers < 0:
         raise ValueError(f"--workers must be >= 0; got {workers}")
     sweep_command(study, out, chunk, scheduler, workers, as_json, stream=stream, top_k=top_k)
@@ -163,6 +168,8 @@ def bench_cmd(
     json_path: Path | None = typer.Option(None, "--json", help="Write the figures as JSON to this file."),
 ) -> None:
     """Measure configurations per second, compile time and peak memory of the vectorized model."""
-    positive("--configs", configs)
-    positive("--chunk", chunk)
+    positive("--configs", configs, hi=MAX_CONFIGS)
+    positive("--chunk", chunk, hi=MAX_CHUNK)
+    if json_path is not None:
+        atomic.check_target(json_path, "--json")
     bench_command(configs, chunk, json_path)

@@ -4,11 +4,13 @@ from pathlib import Path
 
 import typer
 
+from dse import atomic
 from dse import format as fmt
 from hetersim.catalog import load_catalog
 
 from .app import app, positive, user_errors
 
+MAX_STEPS = 1_000_000  # gradient steps of one calibration
 VALIDATION_KEYS = ("n_runs", "mape_step_time_pct", "mape_step_time_pct_complete", "max_abs_error_pct", "per_source")
 
 
@@ -31,6 +33,8 @@ def validate_cmd(
 
     if worst < 0:
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
+    if json_out is not None:
+        atomic.check_target(json_out, "--json")
     catalog = load_catalog(catalog_files)
     path = runs or default_runs_path()
     rows = read_runs(path, load_stacks(stacks_file))
@@ -73,7 +77,9 @@ def calibrate_cmd(
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
     from hetersim.fit import calibration
 
-    positive("--steps", steps)
+    positive("--steps", steps, hi=MAX_STEPS)
+    if out is not None and not dry_run:
+        atomic.check_target(out, "--out")
     if cross_validate:
         cv = calibration.cross_validate(runs, load_catalog(catalog_files), steps=steps)
         if as_json:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.inner import InnerSolver
 from dse.metrics import METRICS
 from dse.optimize.results import (
@@ -27,9 +28,11 @@ from dse.optimize.results import (
     write_atomic,
 )
 from dse.optimize.storage import (
+    Heartbeat,
     check_sampler,
     check_storage,
     corner_points,
+    fail_stale_trials,
     make_sampler,
     open_storage,
     open_study,
@@ -142,7 +145,14 @@ def _finished(study: Any) -> int:
 
 def optimize_loop(study: Any, solver: InnerSolver, trials: int, on_batch=None) -> int:
     """Ask, solve, tell in batches until the study holds ``trials`` trials; return how many this
-    call added. Trials asked but not told when an exception (Ctrl-C) stops the loop are failed."""
+    call added. Trials asked but not told when an exception (Ctrl-C) stops the loop are failed;
+    the trials in flight carry this worker's heartbeat, so that a worker killed outright leaves
+    trials the next batch of any worker fails (:func:`~dse.optimize.storage.fail_stale_trials`)."""
+    with Heartbeat(study) as heartbeat:
+        return _loop(study, solver, trials, on_batch, heartbeat)
+
+
+def _loop(study: Any, solver: InnerSolver, trials: int, on_batch, heartbeat: Heartbeat) -> int:
     import optuna
     from optuna.trial import TrialState
 
@@ -151,6 +161,7 @@ def optimize_loop(study: Any, solver: InnerSolver, trials: int, on_batch=None) -
     grid_cap = grid_size if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     added = 0
     while True:
+        fail_stale_trials(study)
         target = trials if grid_cap is None else min(trials, grid_cap)
         n = min(solver.batch, target - _active(study))
         if n <= 0:
@@ -160,6 +171,7 @@ def optimize_loop(study: Any, solver: InnerSolver, trials: int, on_batch=None) -
         try:
             for _ in range(n):
                 asked.append(study.ask())
+                heartbeat.hold(asked[-1:])
             points = [complete_mix(space, suggest(t, space)) for t in asked]
             for trial, point in zip(asked, points, strict=True):
                 if point is None:  # search.mix: the suggested counts leave no feasible mix
@@ -175,9 +187,11 @@ def optimize_loop(study: Any, solver: InnerSolver, trials: int, on_batch=None) -
                 study.tell(trial, values)
                 told += 1
         except BaseException:
+            heartbeat.release()
             for trial in asked:
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             raise
+        heartbeat.release()
         added += n
         if on_batch is not None:
             on_batch(n)
@@ -187,7 +201,7 @@ def run_optimize(
     study_path: str | Path,
     trials: int,
     sampler: str = "auto",
-    seed: int = 0,
+    seed: int | None = 0,
     out: str | Path = "results",
     storage: str | None = None,
     study_name: str | None = None,
@@ -205,10 +219,14 @@ def run_optimize(
     check_sampler(sampler)
     check_storage(storage)
     space = load_search(study_path)
+    if study_name is not None and not study_name.strip():
+        raise ValueError("--study-name must not be empty (leave it out for the study's name)")
     name = study_name or space.name
+    atomic.check_target(output_path(out, name), "--out")
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
         raise ValueError(f"--study-name must be letters, digits, '.', '_' or '-'; got {name!r}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seed = worker_seed(seed, storage)
     sampler_obj = make_sampler(sampler, space, seed)
     solver = InnerSolver(space, batch=batch, cal=cal)
     study = open_study(space, open_storage(storage), name, sampler_obj)
@@ -248,6 +266,14 @@ def run_optimize(
         outer_size=space.outer_size,
     )
     return summary
+
+
+def worker_seed(seed: int | None, storage: str | None) -> int:
+    """``seed``, or when None: 0 for a study in memory (a run reproduces), a fresh seed per worker
+    for a shared storage (workers that join one study then sample different points)."""
+    if seed is not None:
+        return seed
+    return 0 if storage is None else int.from_bytes(os.urandom(4), "little") >> 1
 
 
 def _enqueue_corners(study: Any, space: SearchSpace, sampler: Any, trials: int, batch: int) -> None:

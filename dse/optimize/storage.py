@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import socket
+import threading
+import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,15 @@ SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
 RDB_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 FINGERPRINT_ATTR = "hetersim_fingerprint"
 CONSTRAINT_NAMES_ATTR = "hetersim_constraints"  # names of the trials' constraint values, in order
+# A worker killed while its trials run (SIGKILL, a lost machine) cannot fail them; they would stay
+# RUNNING, and count towards --trials, forever. Each worker beats every HEARTBEAT_S seconds for the
+# trials it holds; a rerun or another worker fails trials whose last beat is GRACE_S old, or whose
+# worker on this host is gone. RDB storages use Optuna's own heartbeat (fail_stale_trials); other
+# storages (the journal file) the system attributes below.
+HEARTBEAT_S = 20
+GRACE_S = 120
+WORKER_ATTR = "hetersim_worker"  # "host:pid" of the worker that asked the trial
+BEAT_ATTR = "hetersim_heartbeat"  # its last beat, seconds since the epoch
 
 
 def check_sampler(name: str) -> None:
@@ -98,13 +112,123 @@ def open_storage(storage: str | None):
         return optuna.storages.InMemoryStorage()
     if "://" in storage:
         try:
-            return optuna.storages.RDBStorage(storage)
+            return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
         except ImportError as error:
             raise ValueError(f"--storage {redact(storage)}: {error}") from None
         except Exception as error:  # sqlalchemy's errors: bad URL, cannot connect, missing driver
             line = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ValueError(f"--storage {redact(storage)}: cannot open ({line})") from None
     return optuna.storages.JournalStorage(JournalFileBackend(str(Path(storage).expanduser())))
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _optuna_heartbeat(storage: Any) -> bool:
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    return isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage)
+
+
+def _gone(worker: str) -> bool:
+    """Whether ``host:pid`` names a process of this host that no longer runs."""
+    host, _, pid = str(worker).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a process of another user
+        return False
+    return False
+
+
+def fail_stale_trials(study: Any, now: float | None = None) -> list[int]:
+    """Fail the RUNNING trials of workers that are gone (killed, or silent for :data:`GRACE_S`);
+    return their numbers. Trials another worker still beats for are left alone."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    if _optuna_heartbeat(storage):
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        optuna.storages.fail_stale_trials(study)
+        after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        return sorted(before - after)
+    now = time.time() if now is None else now
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker, beat = trial.system_attrs.get(WORKER_ATTR), trial.system_attrs.get(BEAT_ATTR)
+        if beat is None:  # its worker died between ask and its first beat: judged by its start
+            start = trial.datetime_start
+            beat = start.timestamp() if start is not None else now
+        if worker == worker_id() or not ((worker is not None and _gone(worker)) or now - float(beat) > GRACE_S):
+            continue
+        try:
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial.number)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker finished or failed it first
+    return failed
+
+
+class Heartbeat:
+    """Beats for the trials this worker holds, every :data:`HEARTBEAT_S` seconds, from a thread.
+    ``hold(trials)`` adds asked trials (and marks them with this worker), ``release()`` drops all."""
+
+    def __init__(self, study: Any, interval: float = HEARTBEAT_S):
+        self.storage = study._storage
+        self.native = _optuna_heartbeat(self.storage)
+        self.interval = interval
+        self.ids: list[int] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="hetersim-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def hold(self, trials: Iterable[Any]) -> None:
+        """Beat for ``trials`` too (call right after ``ask``: a worker killed before leaves a trial
+        only the grace period can fail)."""
+        ids = [t._trial_id for t in trials]
+        now = time.time()
+        for trial_id in ids:
+            if self.native:
+                self.storage.record_heartbeat(trial_id)
+            else:
+                self.storage.set_trial_system_attr(trial_id, WORKER_ATTR, worker_id())
+                self.storage.set_trial_system_attr(trial_id, BEAT_ATTR, now)
+        with self.lock:
+            self.ids.extend(ids)
+
+    def release(self) -> None:
+        with self.lock:
+            self.ids = []
+
+    def beat(self) -> None:
+        with self.lock:
+            ids = list(self.ids)
+        now = time.time()
+        for trial_id in ids:
+            try:
+                if self.native:
+                    self.storage.record_heartbeat(trial_id)
+                else:
+                    self.storage.set_trial_system_attr(trial_id, BEAT_ATTR, now)
+            except Exception:  # a trial told meanwhile refuses attributes; the next beat skips it
+                pass
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.beat()
 
 
 def redact(url: str | None) -> str:

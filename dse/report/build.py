@@ -45,11 +45,10 @@ def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, vali
     """Write the report of ``nc_path`` into ``out_dir`` (default: beside it, named after it) and
     return what was written with a JSON-able summary. ``validation`` False skips the model's
     validation run (a few seconds of JAX) and says so in the page."""
+    out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
+    atomic.check_folder(out, "--out")
     r = load(nc_path)
     try:
-        out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"{out}: exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
         figs = Figures(out)
         pareto = pareto_set(r)

@@ -29,7 +29,9 @@ def open_results(path: str | Path):
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such results file")
+        study = Path("studies") / f"{path.stem}.toml"
+        hint = f"hetersim sweep {study} --out {path.parent}/" if study.is_file() else "hetersim sweep STUDY"
+        raise ValueError(f"{path}: no such results file; make it first with `{hint}`")
     try:
         ds = xr.open_dataset(path)
     except Exception as error:  # netCDF4/h5netcdf/scipy raise different types for a non-netCDF file

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from collections.abc import Mapping
+import sys
+import zipfile
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -60,13 +62,28 @@ def checkpoint_folder(path: Path) -> Path:
     return path.with_name(path.name + ".chunks")
 
 
+# What reading a damaged or foreign ``.npz`` raises (a truncated zip, bytes that are no zip, a
+# pickled object refused, a missing member).
+UNREADABLE = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile)
+
+
+def warn(message: str) -> None:
+    """One line ``warning: ...`` on stderr (the sweep goes on)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 class Checkpoints:
     """``<out>.chunks/``: one ``chunk_NNNNNN.npz`` per finished chunk and a ``manifest.json``
-    naming the fingerprint they belong to. Files are written atomically (:mod:`dse.atomic`)."""
+    naming the fingerprint they belong to. Files are written atomically (:mod:`dse.atomic`).
 
-    def __init__(self, folder: Path, fp: str, n_chunks: int):
+    A chunk file that cannot be read whole, or holds other rows than its chunk (``rows(index)``,
+    when given, is the row count each chunk must have), is removed with a one-line warning and
+    its chunk computed again."""
+
+    def __init__(self, folder: Path, fp: str, n_chunks: int, rows: Callable[[int], int] | None = None):
         self.folder = folder
         self.n_chunks = n_chunks
+        self.rows = rows
         manifest = folder / "manifest.json"
         if folder.is_dir():
             try:
@@ -83,7 +100,23 @@ class Checkpoints:
         return self.folder / f"chunk_{index:06d}.npz"
 
     def done(self) -> set[int]:
-        return {i for i in range(self.n_chunks) if self.path(i).is_file()}
+        """The chunks whose checkpoint is whole (each file read once; damaged ones removed)."""
+        return {i for i in range(self.n_chunks) if self.path(i).is_file() and self._check(i)}
+
+    def _check(self, index: int) -> bool:
+        path = self.path(index)
+        try:
+            arrays = self.load(index)
+            lengths = {len(a) for a in arrays.values()}
+            if not arrays or len(lengths) != 1:
+                raise ValueError("not a chunk of this sweep")
+            if self.rows is not None and lengths != {self.rows(index)}:
+                raise ValueError(f"{lengths.pop()} rows, expected {self.rows(index)}")
+        except UNREADABLE as error:
+            warn(f"{path}: unreadable checkpoint ({_reason(error)}); computing chunk {index} again")
+            path.unlink(missing_ok=True)
+            return False
+        return True
 
     def save(self, index: int, arrays: Mapping[str, np.ndarray]) -> None:
         _savez(self.path(index), arrays)
@@ -101,19 +134,37 @@ class Checkpoints:
         _savez(self.state_path, arrays)
 
     def load_state(self) -> dict[str, np.ndarray] | None:
+        """The streamed state, or None (none yet, or damaged: removed with a warning, so the sweep
+        starts over)."""
         if not self.state_path.is_file():
             return None
-        with np.load(self.state_path) as data:
-            return {k: data[k] for k in data.files}
+        try:
+            with np.load(self.state_path) as data:
+                return {k: data[k] for k in data.files}
+        except UNREADABLE as error:
+            warn(f"{self.state_path}: unreadable checkpoint ({_reason(error)}); starting the streamed sweep over")
+            self.state_path.unlink(missing_ok=True)
+            return None
 
     def clear(self) -> None:
         """Remove the folder and what this module writes in it."""
         if not self.folder.is_dir():
             return
+        others = []
         for path in self.folder.iterdir():
             if path.name.removeprefix(".").startswith(("manifest.json", "chunk_", "state.npz")):  # and temporaries
                 path.unlink()
+            else:
+                others.append(path.name)
+        if others:
+            warn(f"{self.folder}: kept, it holds files the sweep did not write ({', '.join(sorted(others))})")
+            return
         self.folder.rmdir()
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from dse import atomic
 from dse.study import Study, load_study
-from dse.sweep.checkpoints import Checkpoints, checkpoint_folder, fingerprint
+from dse.sweep.checkpoints import Checkpoints, checkpoint_folder, fingerprint, warn
 from dse.sweep.dataset import write_dataset
 from dse.sweep.evaluate import chunk_task, evaluate_chunk
 from dse.sweep.space import DEFAULT_CHUNK, MAX_CONFIGS, Space, chunk_size, space_from_study
@@ -63,6 +64,7 @@ def run_sweep(
     """
     _check_options(scheduler, workers, top_k)
     job = _prepare(study_path, out_dir, chunk)
+    check_output(job.path)
     if stream is None:
         stream = job.space.size >= STREAM_THRESHOLD
     job.path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,12 @@ def run_sweep(
     sink.write()
     sink.ckpt.clear()
     return job.path
+
+
+def check_output(path: Path) -> None:
+    """The dataset ``path`` and its checkpoint folder can be written (``--out``), before any work."""
+    atomic.check_target(path, "--out")
+    atomic.check_folder(checkpoint_folder(path), "--out")
 
 
 def _check_options(scheduler: str | None, workers: int, top_k: int) -> None:
@@ -155,7 +163,7 @@ class _FullSink:
 
     def __init__(self, job: _Job):
         self.job = job
-        self.ckpt = Checkpoints(checkpoint_folder(job.path), job.fp, job.n_chunks)
+        self.ckpt = Checkpoints(checkpoint_folder(job.path), job.fp, job.n_chunks, rows=job.rows)
 
     def done(self) -> set[int]:
         return self.ckpt.done()
@@ -181,8 +189,16 @@ class _StreamSink:
         self.job = job
         self.reducer = Reducer(job.space, job.study.objectives, job.chunk, top_k)
         self.ckpt = Checkpoints(checkpoint_folder(job.path), stream_fingerprint(job.fp, top_k), job.n_chunks)
-        self.state = self.reducer.from_arrays(self.ckpt.load_state())  # replaced whole after each chunk
+        self.state = self._resume()  # replaced whole after each chunk
         self.saved = time.monotonic()
+
+    def _resume(self):
+        try:
+            return self.reducer.from_arrays(self.ckpt.load_state())
+        except (KeyError, ValueError, IndexError) as error:  # a state of another shape: start over
+            warn(f"{self.ckpt.state_path}: not this sweep's state ({type(error).__name__}); starting over")
+            self.ckpt.state_path.unlink(missing_ok=True)
+            return self.reducer.empty()
 
     def done(self) -> set[int]:
         return set(np.flatnonzero(self.state.done).tolist())

@@ -37,8 +37,9 @@ def _parse_fragment(origin: str, section: Section, key: str, raw: Any) -> Entry:
 def _parse_value(origin: str, label: str, spec: _Field, value: Any) -> Any:
     try:
         return spec.parse(value)
-    except _Invalid:
-        raise _fail(origin, f"{label} must be {spec.rule}, got {value!r}") from None
+    except _Invalid as invalid:
+        rule = f"{spec.rule}, {invalid}" if str(invalid) and spec.kind == "number" else str(invalid) or spec.rule
+        raise _fail(origin, f"{label} must be {rule}, got {value!r}") from None
 
 
 def _parse_provenance(origin: str, section: Section, label: str, value: Any) -> Any:

@@ -22,6 +22,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise _fail(origin, "not found") from None
+    except IsADirectoryError:
+        raise _fail(origin, "is a folder; give a TOML file") from None
+    except OSError as error:
+        raise _fail(origin, f"cannot read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise _fail(origin, "not a text (UTF-8) TOML file") from None
     except tomllib.TOMLDecodeError as error:
         raise _fail(origin, f"invalid TOML: {error}") from None
 

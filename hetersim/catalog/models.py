@@ -105,6 +105,12 @@ def _read_json(path: Path, origin: str) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise _fail(origin, "not found") from None
+    except IsADirectoryError:
+        raise _fail(origin, "is a folder; give a Hugging Face config.json file") from None
+    except OSError as error:
+        raise _fail(origin, f"cannot read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise _fail(origin, "not a text (UTF-8) JSON file") from None
     except json.JSONDecodeError as error:
         raise _fail(origin, f"invalid JSON: {error}") from None
     if not isinstance(data, dict):

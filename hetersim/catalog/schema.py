@@ -26,7 +26,14 @@ Entry = dict[str, Any]
 
 
 class _Invalid(Exception):
-    """A value breaks its field's rule (turned into a one-line ValueError by the caller)."""
+    """A value breaks its field's rule (turned into a one-line ValueError by the caller); the
+    message, where there is one, replaces the rule in the error."""
+
+
+# No catalog number comes near this (the largest are FLOP/s in TFLOP/s and capacities in GiB,
+# ~1e4); far larger values overflow the model's float32 leaves, so they are refused.
+MAX_NUMBER = 1e12
+MAX_COUNT = 1 << 30
 
 
 FieldKind = Literal["number", "integer", "text", "flag", "choice", "ref"]
@@ -53,6 +60,8 @@ def _is_number(value: Any) -> bool:
 def _number(ok: Callable[[float], bool]) -> Callable[[Any], float]:
     def parse(value: Any) -> float:
         if _is_number(value) and ok(value):
+            if abs(value) > MAX_NUMBER:
+                raise _Invalid(f"at most {MAX_NUMBER:.0e}")
             return float(value)
         raise _Invalid
 
@@ -61,6 +70,8 @@ def _number(ok: Callable[[float], bool]) -> Callable[[Any], float]:
 
 def _positive_int(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if value > MAX_COUNT:
+            raise _Invalid(f"a positive integer at most {MAX_COUNT:,}")
         return value
     raise _Invalid
 

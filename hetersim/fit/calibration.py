@@ -146,9 +146,15 @@ def write_calibration(path: str | Path, values: Mapping[str, float], meta: Mappi
     lines += ["", "[values]"]
     for k, v in values.items():
         lines.append(f"{k} = {float(v):.6g}  # {BOUNDS[k][2]}; bounds [{BOUNDS[k][0]}, {BOUNDS[k][1]}]")
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give the calibration TOML file to write")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def today() -> str:

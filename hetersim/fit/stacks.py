@@ -44,6 +44,8 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
         data = tomllib.loads(path.read_text())
     except OSError as e:
         raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text (UTF-8) stacks file") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML ({e})") from None
     out = []

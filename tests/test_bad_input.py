@@ -1,0 +1,181 @@
+"""Bad input, every kind: exit code 2, exactly one line ``error: ...`` that names the flag, file or
+key, no traceback, and nothing left behind (the folder the command was pointed at, and the
+current folder, hold the same files before and after).
+
+Each case is a command line with ``{tmp}`` standing for a folder prepared by :func:`prepared`:
+``file`` (a plain file), ``folder.json/`` and ``folder.nc/`` (folders named like files),
+``binary.*`` (bytes that are no text), ``readonly/`` (a folder nobody may write into).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+BIG = "1" + "0" * 23  # 1e23 as an integer: typer parses it, the range check must refuse it
+STUDY = str(ROOT / "studies" / "cluster_sizing.toml")
+SEARCH = str(ROOT / "studies" / "optimize" / "mix-budget.toml")
+
+
+def ev(*extra: str, **flags: str) -> list[str]:
+    """An ``evaluate`` command line of LLaMA-2-7B (32 layers) on 8 H100s; ``flags`` replace its own."""
+    base = {"model": "llama2-7b", "gpu": "h100-sxm-80gb", "gpus": "8", "global_batch": "64", "seq_len": "4096"}
+    base.update(flags)
+    return ["evaluate", *(x for k, v in base.items() if v is not None for x in ("--" + k.replace("_", "-"), v)), *extra]
+
+
+# (id, command line, fragments the error line must name)
+CASES = [
+    # click's own usage errors, made one line
+    ("missing-option", ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb"], ["--gpus"]),
+    ("not-an-integer", ev(gpus="eight"), ["--gpus"]),
+    ("float-for-integer", ev(global_batch="1e23"), ["--global-batch"]),
+    ("unknown-command", ["nope"], ["nope"]),
+    ("unknown-section", ["catalog", "gpu"], ["section"]),
+    # absurd values: refused with their range
+    ("global-batch-1e23", ev(global_batch=BIG), ["--global-batch", "<="]),
+    ("train-tokens-1e39", ev("--train-tokens", "1e39"), ["--train-tokens", "<="]),
+    ("set-hbm-bw-1e40", ev("--set", "hbm_bw_GBps=1e40"), ["hbm_bw_GBps", "at most"]),
+    ("cxl-expander-count-1e23", ev("--cxl-expander", f"micron-cz120:{BIG}"), ["--cxl-expander", "<="]),
+    ("tp-1e23", ev("--tp", BIG), ["--tp", "<="]),
+    ("sweep-chunk-1e23", ["sweep", STUDY, "--chunk", BIG, "--out", "{tmp}"], ["--chunk", "<="]),
+    ("sweep-top-k-1e23", ["sweep", STUDY, "--top-k", BIG, "--out", "{tmp}"], ["--top-k", "<="]),
+    ("bench-configs-1e23", ["bench", "--configs", BIG], ["--configs", "<="]),
+    ("optimize-trials-negative", ["optimize", SEARCH, "--trials", "-1", "--out", "{tmp}"], ["--trials"]),
+    ("optimize-trials-1e23", ["optimize", SEARCH, "--trials", BIG, "--out", "{tmp}"], ["--trials"]),
+    ("optimize-batch-0", ["optimize", SEARCH, "--batch", "0", "--out", "{tmp}"], ["--batch"]),
+    ("optimize-study-name-empty", ["optimize", SEARCH, "--study-name", "", "--out", "{tmp}"], ["--study-name"]),
+    # a user's contradictory flags (a sweep's infeasible point stays data)
+    ("gpus-tp-dp-contradict", ev("--tp", "8", "--dp", "2"), ["--gpus 8", "--tp 8", "--dp 2"]),
+    ("dp-3-of-8", ev("--dp", "3"), ["--gpus 8", "--dp 3"]),
+    ("pp-vp-do-not-split-layers", ev("--pp", "4", "--vp", "3"), ["--pp 4", "--vp 3", "32 layers"]),
+    ("batch-not-multiple", ev("--micro-batch", "2", global_batch="60"), ["--global-batch"]),
+    # files that are folders, binary, or missing: the error names the file
+    ("model-is-a-folder", ev(model="{tmp}/folder.json"), ["folder.json", "folder"]),
+    ("model-binary", ev(model="{tmp}/binary.json"), ["binary.json"]),
+    ("catalog-is-a-folder", ["catalog", "gpus", "--catalog", "{tmp}"], ["catalog file", "folder"]),
+    ("catalog-binary", ["catalog", "gpus", "--catalog", "{tmp}/binary.toml"], ["binary.toml"]),
+    ("study-binary", ["sweep", "{tmp}/binary.toml", "--out", "{tmp}"], ["study file", "binary.toml"]),
+    ("study-is-a-folder", ["sweep", "{tmp}/folder.json", "--out", "{tmp}"], ["study file", "folder.json"]),
+    ("runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"]),
+    ("report-binary", ["report", "{tmp}/binary.toml", "--out", "{tmp}/report"], ["binary.toml"]),
+    ("report-missing", ["report", "{tmp}/missing.nc", "--out", "{tmp}/report"], ["missing.nc"]),
+    # output locations, checked before the work
+    ("validate-json-folder", ["validate", "--json", "{tmp}"], ["--json", "folder"]),
+    ("calibrate-out-folder", ["calibrate", "--steps", "1", "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
+    ("bench-json-folder", ["bench", "--configs", "10", "--json", "{tmp}/folder.json"], ["--json", "folder"]),
+    ("sweep-out-is-a-file", ["sweep", STUDY, "--out", "{tmp}/file"], ["--out", "not a folder"]),
+    ("sweep-out-nc-under-a-file", ["sweep", STUDY, "--out", "{tmp}/file/x.nc"], ["--out", "not a folder"]),
+    ("sweep-out-nc-is-a-folder", ["sweep", STUDY, "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
+    ("optimize-out-is-a-file", ["optimize", SEARCH, "--trials", "1", "--out", "{tmp}/file"], ["--out"]),
+    ("optimize-out-nc-is-a-folder", ["optimize", SEARCH, "--trials", "1", "--out", "{tmp}/folder.nc"], ["--out"]),
+    ("report-out-is-a-file", ["report", str(ROOT / "README.md"), "--out", "{tmp}/file"], ["--out"]),
+]
+
+READ_ONLY_CASES = [
+    ("sweep-out-read-only", ["sweep", STUDY, "--out", "{tmp}/readonly"], ["--out", "not writable"]),
+    ("validate-json-read-only", ["validate", "--json", "{tmp}/readonly/v.json"], ["--json", "not writable"]),
+]
+CAN_WRITE_ANYWHERE = hasattr(os, "geteuid") and os.geteuid() == 0  # root ignores folder permissions
+
+
+def prepared(tmp: Path) -> Path:
+    (tmp / "file").write_text("a file, not a folder\n")
+    (tmp / "folder.json").mkdir()
+    (tmp / "folder.nc").mkdir()
+    for name in ("binary.json", "binary.toml", "binary.csv"):
+        (tmp / name).write_bytes(b"\x00\xff\xfe\x80 not text \x81\x00")
+    readonly = tmp / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    return tmp
+
+
+def listing(*folders: Path) -> list[str]:
+    return sorted(str(p) for folder in folders for p in folder.rglob("*"))
+
+
+def assert_one_line_error(exit_code: int, stderr: str, fragments: list[str]) -> str:
+    assert exit_code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything written to the current folder shows in the listing
+    yield prepared(tmp_path)
+    (tmp_path / "readonly").chmod(0o755)
+
+
+def _invoke(args: list[str], tmp: Path):
+    argv = [a.replace("{tmp}", str(tmp)) for a in args]
+    before = listing(tmp)
+    result = CliRunner().invoke(app, argv)
+    assert listing(tmp) == before, "the failed command left files behind"
+    return result
+
+
+@pytest.mark.parametrize("args, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(tmp, args, fragments):
+    result = _invoke(args, tmp)
+    assert_one_line_error(result.exit_code, result.stderr, [f.replace("{tmp}", str(tmp)) for f in fragments])
+
+
+@pytest.mark.skipif(CAN_WRITE_ANYWHERE, reason="root may write into a read-only folder")
+@pytest.mark.parametrize("args, fragments", [c[1:] for c in READ_ONLY_CASES], ids=[c[0] for c in READ_ONLY_CASES])
+def test_read_only_output_folder_is_refused_before_the_work(tmp, args, fragments):
+    result = _invoke(args, tmp)
+    assert_one_line_error(result.exit_code, result.stderr, fragments)
+
+
+def test_calibrate_out_folder_leaves_no_temporary_file(tmp):
+    """The calibration writer itself (not only the CLI's check) leaves no ``*.tmp`` beside a folder."""
+    from hetersim.fit.calibration import write_calibration
+
+    with pytest.raises(ValueError, match="is a folder"):
+        write_calibration(tmp / "folder.nc", {}, {})
+    assert not list(tmp.parent.glob("*.tmp")) and not list(tmp.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb"], ["--gpus"]),
+        (["sweep", STUDY, "--out", "{tmp}/file"], ["--out", "not a folder"]),
+    ],
+    ids=["missing-option", "sweep-out-is-a-file"],
+)
+def test_real_process_prints_one_line_without_traceback(tmp, args, fragments):
+    argv = [a.replace("{tmp}", str(tmp)) for a in args]
+    before = listing(tmp)
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "dse", *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert_one_line_error(proc.returncode, proc.stderr, fragments)
+    assert proc.stdout == ""
+    assert listing(tmp) == before
+
+
+def test_an_infeasible_search_point_is_still_data():
+    """The layout rules that make a user's flags an error keep a sweep's points as data: a study
+    with a dp that cannot divide is swept, not refused (the host drops or flags such rows)."""
+    from hetersim import api
+
+    with pytest.raises(ValueError, match="contradicts"):
+        api.configure(model="llama2-7b", gpu="h100-sxm-80gb", n_gpus=8, dp=3, global_batch=64)
+    # one configuration that does not fit in memory is an answer, not an error
+    built = api.configure(model="llama2-70b", gpu="h100-sxm-80gb", n_gpus=8, global_batch=8)
+    assert int(built.breakdown.infeasible) != 0
