@@ -343,7 +343,7 @@ def _rule(f: PlanField) -> str:
         return f"one of {', '.join(str(int(x)) for x in range(int(f.lo), int(f.hi) + 1))}"
     bound = "" if math.isinf(f.hi) else f" <= {_bound(f.hi)}"
     if f.lo <= 0:
-        return f"a {kind} from 0 to {_bound(f.hi)}" if bound else ">= 0"
+        return f">= 0 and{bound}" if bound else ">= 0"
     return f"a positive {kind}{bound}"
 
 
