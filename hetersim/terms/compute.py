@@ -126,10 +126,13 @@ def _fused_eff(plan: Plan, fastest, fa2):
 
 def attention_peak(dev, plan):
     """The rate a fused attention kernel's utilisation applies to: the 16-bit tensor-core peak
-    (the kernels are measured in bf16/fp16, and FP8 runs keep 16-bit attention), never above the
-    precision's own peak (an fp32 run's attention cannot run faster than fp32 math)."""
-    peak16 = jnp.maximum(dev.peak_tflops[Precision.BF16], dev.peak_tflops[Precision.FP16])
-    return jnp.minimum(peak16, dev.peak_tflops[plan.precision_code]) * TFLOP
+    (the kernels are measured in bf16; fp16 where the device has no bf16; FP8 runs keep 16-bit
+    attention), in an fp32 run never above the fp32 peak (its attention cannot run faster than
+    fp32 math)."""
+    bf16, fp16 = dev.peak_tflops[Precision.BF16], dev.peak_tflops[Precision.FP16]
+    peak16 = jnp.where(bf16 > 0, bf16, fp16)
+    fp32 = plan.precision_code == Precision.FP32
+    return jnp.where(fp32, jnp.minimum(peak16, dev.peak_tflops[Precision.FP32]), peak16) * TFLOP
 
 
 def attention_fwd_s(dev, cal, m, plan):
