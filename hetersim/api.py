@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .planfields import AUTO, derived_dp, resolve_sp
+from .planfields import AUTO, resolve_sp
 from .types import Attention, FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -216,13 +216,10 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:
     """The options as given, with the registry's derived values filled in (dp, sp)."""
     out = dict(plan)
-    tp, pp, cp = (plan.get(k) or 1 for k in ("tp", "pp", "cp"))
     if out.get("dp") in (None, AUTO):
         out["dp"] = int(round(float(plan_s.dp)))
-    out["sp"] = resolve_sp(out.get("sp"), tp)
-    out.setdefault("offload", {})
-    out["offload"] = dict(out["offload"] or {})
-    assert out["dp"] == int(round(derived_dp(plan["n_gpus"], tp, pp, cp))) or plan.get("dp") is not None
+    out["sp"] = resolve_sp(out.get("sp"), plan.get("tp") or 1)
+    out["offload"] = dict(out.get("offload") or {})
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .schema import _PROVENANCE, _SCHEMA, _TEXT, Entry, Section, _Field, _Invalid, fields
@@ -122,3 +123,20 @@ def _restamp_sources(merged: Entry, fragment: Entry, section: Section, origin: s
     for name in overridden:
         if name not in given:
             merged.setdefault("sources", {})[name] = stamp
+
+
+def read_document(path: Path, origin: str, kind: str, parse, decode_error: type[Exception], folder_hint: str):
+    """``parse(text)`` of the file at ``path`` (TOML or JSON, named ``kind`` in errors), with one
+    one-line ``ValueError`` naming ``origin`` for every way reading it can fail."""
+    try:
+        return parse(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise _fail(origin, "not found") from None
+    except IsADirectoryError:
+        raise _fail(origin, f"is a folder; give {folder_hint}") from None
+    except OSError as error:
+        raise _fail(origin, f"cannot read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise _fail(origin, f"not a text (UTF-8) {kind} file") from None
+    except decode_error as error:
+        raise _fail(origin, f"invalid {kind}: {error}") from None

@@ -9,27 +9,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .check import _check_complete, _check_entry, _check_refs, _fail, _merge, _parse_fragment, _restamp_sources
+from .check import (
+    _check_complete,
+    _check_entry,
+    _check_refs,
+    _fail,
+    _merge,
+    _parse_fragment,
+    _restamp_sources,
+    read_document,
+)
 from .schema import _SINGULAR, PACKAGED_FILES, SECTIONS, Entry, Section
 
 CATALOG_DIR = Path(__file__).resolve().parent
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    origin = f"catalog file {path}"
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise _fail(origin, "not found") from None
-    except IsADirectoryError:
-        raise _fail(origin, "is a folder; give a TOML file") from None
-    except OSError as error:
-        raise _fail(origin, f"cannot read ({error.strerror})") from None
-    except UnicodeDecodeError:
-        raise _fail(origin, "not a text (UTF-8) TOML file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise _fail(origin, f"invalid TOML: {error}") from None
+    return read_document(path, f"catalog file {path}", "TOML", tomllib.loads, tomllib.TOMLDecodeError, "a TOML file")
 
 
 def _user_sections(path: Path, data: dict[str, Any]) -> dict[Section, dict[str, Any]]:

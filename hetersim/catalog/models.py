@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from .check import _check_complete, _check_entry, _fail, _parse_fragment
+from .check import _check_complete, _check_entry, _fail, _parse_fragment, read_document
 from .schema import Entry, _is_number
 
 
@@ -101,18 +101,8 @@ def model_from_hf_config(path: str | Path) -> Entry:
 
 
 def _read_json(path: Path, origin: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise _fail(origin, "not found") from None
-    except IsADirectoryError:
-        raise _fail(origin, "is a folder; give a Hugging Face config.json file") from None
-    except OSError as error:
-        raise _fail(origin, f"cannot read ({error.strerror})") from None
-    except UnicodeDecodeError:
-        raise _fail(origin, "not a text (UTF-8) JSON file") from None
-    except json.JSONDecodeError as error:
-        raise _fail(origin, f"invalid JSON: {error}") from None
+    hint = "a Hugging Face config.json file"
+    data = read_document(path, origin, "JSON", json.loads, json.JSONDecodeError, hint)
     if not isinstance(data, dict):
         raise _fail(origin, f"must hold a JSON object, got {type(data).__name__}")
     return data
