@@ -32,7 +32,6 @@ PLAN_AXES = planfields.AXES
 CATEGORICAL = planfields.CHOICES
 PLAN_DEFAULTS: dict[str, Any] = {k: planfields.DEFAULTS[k] for k in PLAN_AXES if k in planfields.DEFAULTS}
 PLAN_SCALARS = planfields.SCALARS
-DEFAULT_TRAIN_TOKENS = planfields.DEFAULTS["train_tokens"]
 
 
 def fixed_plan(scalars: Mapping[str, Any]) -> dict[str, Any]:

@@ -122,10 +122,6 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     return f
 
 
-# Kept under its old name for callers of the layout rules alone.
-feasibility = layout_flags
-
-
 def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
     """Parameters per data-parallel collective.
 
@@ -174,10 +170,6 @@ class PipelineStep:
     bubble_s: Any  # per step
     fwd_s: Any  # one micro-batch's forward on the stage (the window for weight gathers)
     bwd_s: Any  # and its backward with recomputation (the window for gradient reductions)
-
-    @property
-    def t_max(self):
-        return self.compute_s + self.recompute_s + self.tp_s + self.cp_s + self.pp_s
 
 
 def stage_times(lc: LayerCosts, layers, p2p, head) -> dict[str, Any]:
