@@ -178,10 +178,41 @@ def _layout(plan: Mapping[str, Any]) -> str:
     return text
 
 
+def stack_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's software stack: its profile's facts, the kernels the plan runs, and the
+    sources (``hetersim/catalog/stacks.toml``)."""
+    from hetersim import stacks
+
+    prof = stacks.profile(plan["stack"])
+    return {
+        "key": prof.key,
+        "name": prof.name,
+        "attention": prof.attention if plan["attention"] == "auto" else plan["attention"],
+        "loss": prof.loss if plan["loss"] == "auto" else plan["loss"],
+        "elementwise": prof.elementwise,
+        "tp_comm_overlap": prof.tp_comm_overlap,
+        "p2p_overlap": prof.p2p_overlap,
+        "sources": dict(prof.sources),
+    }
+
+
+def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
+    on = lambda v: "on" if v else "off"  # noqa: E731
+    con.print(
+        f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
+        f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}, "
+        f"pipeline-send overlap {on(st['p2p_overlap'])}; sources: hetersim/catalog/stacks.toml",
+        highlight=False,
+        markup=True,
+    )
+
+
 def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
     plan = r["plan"]
     con.print(f"[bold]{r['model']}[/] ({r['params'] / 1e9:.2f}B params) on {plan['n_gpus']} x [bold]{r['gpu']}[/]")
     con.print(f"layout: {_layout(plan)}")
+    if r.get("stack"):
+        _print_stack(con, r["stack"])
     if r.get("groups"):
         print_groups(con, r["groups"])
 

@@ -15,6 +15,7 @@ from . import tiers
 from .pytree import as_arrays
 from .specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, SystemSpec
 from .specs import plan as _plan
+from .terms.attention import FA2_SOFTMAX_COST
 from .types import N_LEVELS, PRECISION
 
 # A scale-out fabric spans every GPU of the job: its domain is "everything".
@@ -67,6 +68,7 @@ def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:
             sm_count=float(gpu.get("sm_count", 0.0)),
             attn2_eff_fwd=float(gpu.get("attn2_eff_fwd") or fwd) if fused else 0.0,
             attn2_eff_bwd=float(gpu.get("attn2_eff_bwd") or bwd) if fused else 0.0,
+            attn_softmax_cost=float(gpu.get("attn_softmax_cost", FA2_SOFTMAX_COST)),
             hbm_capacity_GiB=float(gpu["hbm_capacity_GiB"]),
             hbm_bw_GBps=float(gpu["hbm_bw_GBps"]),
             tdp_W=float(gpu["tdp_W"]),

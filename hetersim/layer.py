@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from . import stacks
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute
@@ -31,6 +32,7 @@ class LayerCosts:
 
 def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> LayerCosts:
     dev, net = system.device, system.network
+    plan = compute.resolve_kernels(dev, plan)
     s_tp, s_cp, _, _ = comm.strides(plan)
     T = plan.micro_batch * plan.seq_len / plan.cp
     act = compute.act_bytes(plan)
@@ -50,11 +52,13 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     tp_bytes = T * model.hidden * act
     tp_pass = 2.0 * comm.all_reduce_s(net, plan.tp, s_tp, tp_bytes, 1.0)
     # Forward: the collectives sit between dependent GEMMs; a fraction ``tp_overlap`` is hidden
-    # where the stack splits GEMMs to overlap them (Transformer Engine's userbuffers).
+    # where the stack splits GEMMs to overlap them (Transformer Engine's userbuffers; the stack's
+    # tp_comm_overlap), none where its collectives block.
     # Backward: Megatron overlaps the input all-gather and the gradient reduce-scatter
     # (all-reduce without SP) with the weight-gradient GEMMs, which do not depend on them
     # (Korthikanti et al. 2022 §4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication).
-    tp_f = jnp.where(plan.tp > 1, (1.0 - cal.tp_overlap) * tp_pass, 0.0)
+    tp_hidden = cal.tp_overlap * compute.stack_fact(stacks.table().tp_comm_overlap, plan)
+    tp_f = jnp.where(plan.tp > 1, (1.0 - tp_hidden) * tp_pass, 0.0)
     tp_b = jnp.where(plan.tp > 1, pos(tp_pass - 0.5 * gemm_b), 0.0)
 
     # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
@@ -83,4 +87,6 @@ def p2p_chunk_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     T = plan.micro_batch * plan.seq_len / plan.cp
     nbytes = T * model.hidden * compute.act_bytes(plan) / jnp.where(plan.sp > 0, plan.tp, 1.0)
     p2p = 2.0 * plan.vp * comm.p2p_s(system.network, s_pp, nbytes)
-    return jnp.where(plan.pp > 1, (1.0 - cal.pp_overlap) * p2p, 0.0)
+    # A stack whose pipeline sends block (DeepSpeed's engine) hides none of it.
+    hidden = cal.pp_overlap * compute.stack_fact(stacks.table().p2p_overlap, plan)
+    return jnp.where(plan.pp > 1, (1.0 - hidden) * p2p, 0.0)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, Choice, Loss, OffloadState, Order, Precision, Recompute, Tier
+from .types import Attention, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
@@ -156,12 +156,28 @@ FIELDS: tuple[PlanField, ...] = (
         hi=MAX_SEQ_LEN,
         help="Sequence length (default: the model's).",
     ),
-    PlanField("attention", "choice", "flash", "attention kernel", axis=True, options=Attention),
+    PlanField(
+        "stack",
+        "choice",
+        Stack.MEGATRON.label,
+        "software stack (catalog/stacks.toml)",
+        axis=True,
+        options=Stack,
+        help="Software stack running the plan: its attention and loss kernels, fusion and overlaps.",
+    ),
+    PlanField(
+        "attention",
+        "choice",
+        Attention.AUTO.label,
+        "attention kernel (auto: the stack's)",
+        axis=True,
+        options=Attention,
+    ),
     PlanField(
         "loss",
         "choice",
-        "materialized",
-        "loss kernel (all logits, or chunked fused cross-entropy)",
+        Loss.AUTO.label,
+        "loss kernel (all logits, chunked fused cross-entropy, or auto: the stack's)",
         axis=True,
         options=Loss,
     ),

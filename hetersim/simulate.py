@@ -411,6 +411,7 @@ def breakdown(terms, rates: Throughput, mem: Placement, oc, *, hbm_capacity_GiB,
 
 def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> Breakdown:
     dev = system.device
+    plan = compute.resolve_kernels(dev, plan)
     pipe = pipeline_step(model, system, plan, cal)
     dp = dp_comm_s(model, system, plan, cal, pipe)
     states = memory.state_bytes(model, plan)

@@ -209,7 +209,7 @@ def host_spec(
             tier_capacity_GiB=t.cap,
             tier_path_GBps=t.path,
             tier_latency_ns=t.lat,
-            cpu_adam_Gparams_per_s=float(gpu.get("cpu_adam_Gparams_per_s", 3.9)),
+            cpu_adam_Gparams_per_s=cpu_adam_rate(gpu),
             tier_node_GBps=t.node,
             tier_shared_GBps=t.shared,
             tier_hosts=t.hosts,
@@ -217,6 +217,36 @@ def host_spec(
             tier_cpu_GBps=t.cpu,
         )
     )
+
+
+# DeepSpeed CPU-Adam per physical core with AVX-512, inside a training run: the ZeRO-Offload
+# tutorial's log shows optimizer_step 6.35 s for GPT-2 10B (10.28e9 parameters) on the DGX-2
+# host (deepspeedai/DeepSpeed docs/assets/images/zero_offload_dp1_10B_log.png), whose CPUs are
+# 2 x 24-core Xeon Platinum 8168 with AVX-512 (Intel ARK): 1.62 G/s / 48 cores = 33.7 M/s per
+# core. (The stand-alone benchmark, Ren et al. ATC'21 arXiv 2101.06840 Table 4, reaches 10B in
+# 2.57 s on the same host, 2.4x more: a training step's update also converts and copies the
+# states it touches.) CPU-Adam's inner loop handles SIMD_WIDTH floats per instruction: 16 with
+# AVX-512, 8 with AVX2 (deepspeedai/DeepSpeed csrc/includes/simd.h), so an AVX2 core does half
+# the work per cycle.
+CPU_ADAM_MPARAMS_PER_CORE_S = 10.28e3 / 6.35 / 48.0
+SIMD_SHARE = {"avx512": 1.0, "avx2": 0.5}
+# Measured on the DGX-2 host (above): the default where an entry states neither a measured
+# figure nor its host's cores.
+DEFAULT_CPU_ADAM_GPARAMS_S = 3.9
+
+
+def cpu_adam_rate(gpu: Mapping[str, Any]) -> float:
+    """The node's CPU-Adam throughput, G parameters/s: the entry's measured figure, else its
+    host's physical cores x the per-core rate of its SIMD width, else the DGX-2 measurement. The
+    DRAM or tier bandwidth bounds it further in the model (terms/offload.py)."""
+    if "cpu_adam_Gparams_per_s" in gpu:
+        return float(gpu["cpu_adam_Gparams_per_s"])
+    if "host_cores" in gpu:
+        simd = str(gpu.get("host_simd", "avx512"))
+        if simd not in SIMD_SHARE:
+            raise ValueError(f"host_simd must be one of {', '.join(SIMD_SHARE)}; got {simd!r}")
+        return float(gpu["host_cores"]) * CPU_ADAM_MPARAMS_PER_CORE_S * SIMD_SHARE[simd] / 1e3
+    return DEFAULT_CPU_ADAM_GPARAMS_S
 
 
 def _add_host_dram(t: _Tiers, gpu: Mapping[str, Any], memory, n_gpus: float, gpu_link: float) -> float:

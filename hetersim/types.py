@@ -55,26 +55,49 @@ class Precision(Choice):
 # "flash": the fastest fused attention kernel of the device (FlashAttention-3 / cuDNN on Hopper,
 # FlashAttention-2 on Ampere); "materialized": an s x s score matrix (pre-2023 Megatron-LM);
 # "flash2": FlashAttention-2-class kernels (PyTorch SDPA's default flash backend), which on
-# Hopper and newer reach about half of the fastest kernel.
-AttentionName = Literal["flash", "materialized", "flash2"]
+# Hopper and newer reach about half of the fastest kernel; "auto": the plan's software stack's
+# kernel (catalog/stacks.toml), or materialized where the device has no fused kernel.
+AttentionName = Literal["flash", "materialized", "flash2", "auto"]
 
 
 class Attention(Choice):
     FLASH = 0
     MATERIALIZED = 1
     FLASH2 = 2
+    AUTO = 3
 
 
 # The loss kernel: "materialized" computes the LM head's logits for every token and runs the
 # cross-entropy over an fp32 copy (Megatron's vocab-parallel cross-entropy); "chunked" fuses the
 # LM head GEMM and the cross-entropy over chunks of tokens and never holds all the logits
 # (Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy).
-LossName = Literal["materialized", "chunked"]
+# "auto": the plan's software stack's loss kernel.
+LossName = Literal["materialized", "chunked", "auto"]
 
 
 class Loss(Choice):
     MATERIALIZED = 0
     CHUNKED = 1
+    AUTO = 2
+
+
+# The software stack that runs the plan (profiles with their sources: catalog/stacks.toml):
+# "megatron" Megatron-Core with Transformer Engine (NeMo 2.x, Megatron-Bridge), the default;
+# "megatron-legacy" Megatron-LM before Megatron-Core and Transformer Engine (2020-22 papers);
+# "torchtitan" torchtitan in eager mode, "torchtitan-compile" with torch.compile;
+# "deepspeed" DeepSpeed ZeRO and its pipeline engine (Megatron-DeepSpeed);
+# "fsdp" PyTorch FSDP / FSDP2 frameworks running eager Hugging Face-style modules
+# (HF Accelerate / Trainer, llm-foundry / Composer).
+StackName = Literal["megatron", "megatron-legacy", "torchtitan", "torchtitan-compile", "deepspeed", "fsdp"]
+
+
+class Stack(Choice):
+    MEGATRON = 0
+    MEGATRON_LEGACY = 1
+    TORCHTITAN = 2
+    TORCHTITAN_COMPILE = 3
+    DEEPSPEED = 4
+    FSDP = 5
 
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").
@@ -113,6 +136,7 @@ class Order(Choice):
 RECOMPUTE: tuple[RecomputeName, ...] = Recompute.names()  # type: ignore[assignment]
 PRECISION: tuple[PrecisionName, ...] = Precision.names()  # type: ignore[assignment]
 ATTENTION: tuple[AttentionName, ...] = Attention.names()  # type: ignore[assignment]
+STACK: tuple[StackName, ...] = Stack.names()  # type: ignore[assignment]
 TIER: tuple[TierName, ...] = Tier.names()  # type: ignore[assignment]
 N_TIERS = len(TIER)
 OFFLOAD_STATE: tuple[OffloadStateName, ...] = OffloadState.names()  # type: ignore[assignment]

@@ -90,19 +90,25 @@ def test_a_kernel_the_device_cannot_run_is_flagged_and_priced_as_the_one_it_runs
     mat = jax.jit(simulate)(m, v100, build.plan_spec(attention="materialized", **opts), cal)
     assert int(flash.infeasible) & Infeasible.KERNEL and not int(mat.infeasible) & Infeasible.KERNEL
     assert float(flash.step_time_s) == pytest.approx(float(mat.step_time_s), rel=1e-6)
+    # The stack's kernel (attention = auto, the default) falls back to the one the device runs.
+    auto = jax.jit(simulate)(m, v100, build.plan_spec(**opts), cal)
+    assert not int(auto.infeasible) & Infeasible.KERNEL
+    assert float(auto.step_time_s) == pytest.approx(float(mat.step_time_s), rel=1e-6)
     # A device entry without fused-attention figures runs none (flagged, not a KeyError).
     entry = {k: v for k, v in catalog.gpu("a100-sxm-80gb").items() if not k.startswith("attn")}
     bare = dataclasses.replace(v100, device=build.device_spec(entry))
-    assert int(jax.jit(simulate)(m, bare, build.plan_spec(**opts), cal).infeasible) & Infeasible.KERNEL
+    asked = build.plan_spec(attention="flash2", **opts)
+    assert int(jax.jit(simulate)(m, bare, asked, cal).infeasible) & Infeasible.KERNEL
 
 
 def test_cli_refuses_a_kernel_the_device_cannot_run():
     args = "evaluate --model gpt3-1.3b --gpu v100-sxm-32gb --gpus 8 --global-batch 64 --precision fp16".split()
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [*args, "--attention", "flash"])
     assert result.exit_code == 2
     assert result.output.startswith("error: --attention flash cannot run on") and result.output.count("\n") == 1
-    ok = CliRunner().invoke(app, [*args, "--attention", "materialized", "--json"])
-    assert ok.exit_code == 0, ok.output
+    for kernel in ("materialized", "auto"):  # auto: the stack's kernel, materialised on a V100
+        ok = CliRunner().invoke(app, [*args, "--attention", kernel, "--json"])
+        assert ok.exit_code == 0, ok.output
     assert jnp.isfinite(float(__import__("json").loads(ok.stdout)["step_time_s"]))
 
 

@@ -72,6 +72,7 @@ def evaluate(**options: Any) -> None:
     as_json = options.pop("as_json")
     built = configuration(**options)
     result = fmt.evaluation(built.breakdown, STEP_TERMS, {"model": built.model, "gpu": built.gpu, "plan": built.plan})
+    result["stack"] = fmt.stack_summary(built.plan)
     if built.groups is not None:
         result["groups"] = built.groups
     if as_json:

@@ -74,17 +74,74 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
     elif section == "gpus":
         if entry["peak_tflops_bf16"] <= 0 and entry["peak_tflops_fp16"] <= 0:
             raise _fail(origin, f"{label} needs peak_tflops_bf16 or peak_tflops_fp16 > 0, both are 0")
+        _derive_efficiencies(origin, label, entry)
         if (entry["gemm_eff_fp8"] > 0) != (entry["peak_tflops_fp8"] > 0):
             raise _fail(
                 origin,
                 f"{label}.gemm_eff_fp8 must be > 0 exactly when peak_tflops_fp8 > 0, "
                 f"got {entry['gemm_eff_fp8']} with peak_tflops_fp8 = {entry['peak_tflops_fp8']}",
             )
+    elif section == "links":
+        _derive_busbw(origin, label, entry)
     elif section == "memory":
         is_switch = entry["kind"] == "cxl-switch"
         if is_switch != (entry["capacity_GiB"] == 0):
             rule = "0 for a cxl-switch" if is_switch else "positive unless kind is 'cxl-switch'"
             raise _fail(origin, f"{label}.capacity_GiB must be {rule}, got {entry['capacity_GiB']}")
+
+
+# A device without a measured matmul efficiency: the median best-case share of the peak over the
+# catalog's measured NVIDIA parts (A100 0.869, H100 0.803, B200 0.776, GB200 0.729; MAMF table of
+# stas00/ml-engineering compute/accelerator/README.md @744d01e) = 0.79, times the share of the
+# boost clock it sustains under its power limit: a T4 (70 W) holds about 900 of 1590 MHz in long
+# GEMMs and sustains about 24 of 65 TFLOP/s fp16 (0.37; 0.79 x 900/1590 = 0.45).
+DEFAULT_MAMF_SHARE = 0.79
+
+
+def _measured_share(origin: str, label: str, entry: Entry, measured: str, peak: str) -> float | None:
+    if measured not in entry:
+        return None
+    value, top = float(entry[measured]), float(entry.get(peak, 0.0))
+    if top <= 0:
+        raise _fail(origin, f"{label}.{measured} needs {peak} > 0")
+    if value > top:
+        raise _fail(
+            origin, f"{label}.{measured} = {value:g} exceeds {peak} = {top:g}; a measured rate cannot pass the peak"
+        )
+    return value / top
+
+
+def _derive_efficiencies(origin: str, label: str, entry: Entry) -> None:
+    """Fill gemm_eff_* and attn_eff_* from measured figures (these win over a stated efficiency),
+    else gemm_eff_bf16 from the sustained clock (:data:`DEFAULT_MAMF_SHARE`)."""
+    peak16 = "peak_tflops_bf16" if entry["peak_tflops_bf16"] > 0 else "peak_tflops_fp16"
+    for eff, measured, peak in (
+        ("gemm_eff_bf16", "measured_gemm_tflops_bf16", peak16),
+        ("gemm_eff_fp8", "measured_gemm_tflops_fp8", "peak_tflops_fp8"),
+        ("attn_eff_fwd", "measured_attn_tflops_fwd", peak16),
+        ("attn_eff_bwd", "measured_attn_tflops_bwd", peak16),
+    ):
+        share = _measured_share(origin, label, entry, measured, peak)
+        if share is not None:
+            entry[eff] = share
+    if "gemm_eff_bf16" not in entry:
+        if "boost_clock_MHz" not in entry or "sustained_clock_MHz" not in entry:
+            raise _fail(
+                origin,
+                f"{label} has no gemm_eff_bf16: give it, measured_gemm_tflops_bf16 (mamf-finder), "
+                "or boost_clock_MHz and sustained_clock_MHz",
+            )
+        clock = min(float(entry["sustained_clock_MHz"]) / float(entry["boost_clock_MHz"]), 1.0)
+        entry["gemm_eff_bf16"] = DEFAULT_MAMF_SHARE * clock
+    entry.setdefault("gemm_eff_fp8", entry["gemm_eff_bf16"] if entry["peak_tflops_fp8"] > 0 else 0.0)
+
+
+def _derive_busbw(origin: str, label: str, entry: Entry) -> None:
+    share = _measured_share(origin, label, entry, "measured_busbw_GBps", "bw_GBps")
+    if share is not None:
+        entry["busbw_eff"] = share
+    if "busbw_eff" not in entry:
+        raise _fail(origin, f"{label} has no busbw_eff: give it or measured_busbw_GBps (nccl-tests busbw)")
 
 
 def _check_refs(origin: str, section: Section, key: str, entry: Entry, links: Mapping[str, Entry]) -> None:

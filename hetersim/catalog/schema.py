@@ -125,8 +125,17 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "peak_tflops_fp16": _NONNEGATIVE,
         "peak_tflops_fp8": _NONNEGATIVE,
         "peak_tflops_fp32": _NONNEGATIVE,
-        "gemm_eff_bf16": _FRACTION,
-        "gemm_eff_fp8": _FRACTION_OR_ZERO,
+        # Matmul efficiency: measured best case / peak. Absent, it is derived by catalog.check from
+        # a measured figure (measured_gemm_tflops_*) or the sustained clock under the power limit.
+        "gemm_eff_bf16": _FRACTION.optional(),
+        "gemm_eff_fp8": _FRACTION_OR_ZERO.optional(),
+        # Measured figures in the units the standard tools print (checked against the peaks):
+        "measured_gemm_tflops_bf16": _POSITIVE.optional(),  # mamf-finder max achievable TFLOPS, bf16 (fp16)
+        "measured_gemm_tflops_fp8": _POSITIVE.optional(),  # mamf-finder max achievable TFLOPS, fp8
+        "measured_attn_tflops_fwd": _POSITIVE.optional(),  # flash-attention benchmark fwd TFLOPs/s, hdim 128 causal ~4k
+        "measured_attn_tflops_bwd": _POSITIVE.optional(),  # the same, backward (2.5x forward FLOPs)
+        "boost_clock_MHz": _POSITIVE.optional(),  # the clock the peaks are quoted at
+        "sustained_clock_MHz": _POSITIVE.optional(),  # the clock large GEMMs hold under the power limit
         "hbm_capacity_GiB": _POSITIVE,
         "hbm_bw_GBps": _POSITIVE,
         "scaleup_link": _link_ref("scaleup"),
@@ -145,9 +154,12 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "aliases": _TEXT.optional(),  # other names the key is looked up by, comma-separated
         "attn2_eff_fwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, forward (default: attn_eff_fwd)
         "attn2_eff_bwd": _FRACTION.optional(),  # FlashAttention-2-class kernel, backward (default: attn_eff_bwd)
+        "attn_softmax_cost": _POSITIVE.optional(),  # fastest kernel's head-size sensitivity (terms/attention.py)
         "flash_attention": _FLAG.optional(),  # the device runs flash-attention kernels
         "host_dram_GiB": _POSITIVE.optional(),  # host DRAM per node
-        "cpu_adam_Gparams_per_s": _POSITIVE.optional(),  # host CPU-Adam throughput per node
+        "cpu_adam_Gparams_per_s": _POSITIVE.optional(),  # host CPU-Adam throughput per node (measured)
+        "host_cores": _COUNT.optional(),  # physical CPU cores per node (CPU-Adam without a measured figure)
+        "host_simd": _choice("avx512", "avx2").optional(),  # the host CPUs' widest SIMD (CPU-Adam)
         # Memory tiers (read by hetersim.tiers when present; see hetersim/tiers.py):
         "host_dram_channels": _COUNT.optional(),  # DRAM channels per node (all sockets)
         "host_dram_channel": _TEXT.optional(),  # memory device key of one channel (kind "dram")
@@ -164,7 +176,8 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "kind": _choice("scaleup", "host", "scaleout"),
         "bw_GBps": _POSITIVE,
         "latency_us": _POSITIVE,
-        "busbw_eff": _FRACTION,
+        "busbw_eff": _FRACTION.optional(),  # absent: measured_busbw_GBps / bw_GBps
+        "measured_busbw_GBps": _POSITIVE.optional(),  # nccl-tests all_reduce_perf busbw at large messages
         # Optional: per-step latency of NCCL's low-latency protocols (absent: Simple only).
         "latency_ll_us": _POSITIVE.optional(),
         "latency_ll128_us": _POSITIVE.optional(),

@@ -64,7 +64,15 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     for i, rec in enumerate(reader, start=2):
         if None in rec or any(v is None for v in rec.values()):
             raise ValueError(f"{path}: line {i}: wrong number of fields")
-        rows.append(Row(rec["id"], rec["source"], rec, not rec["assumed"].strip(), stack_for(rec["source"], stacks)))
+        rows.append(
+            Row(
+                rec["id"],
+                rec["source"],
+                rec,
+                not rec["assumed"].strip(),
+                stack_for(rec["source"], stacks, rec.get("notes") or ""),
+            )
+        )
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows
@@ -159,6 +167,7 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         attention=_attention(row, gpu, path),
         offload=offload,
         reuse_Mparams=row.stack.zero3_reuse_Mparams if row.stack is not None else 0.0,
+        stack=row.stack.stack if row.stack is not None else "megatron",
     )
     return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
 

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from ..types import ATTENTION
+from ..types import ATTENTION, STACK
 
 __all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
 
-_FIELDS = {"name", "match", "attention", "shards_over_cp", "zero3_reuse_Mparams", "sources"}
+_FIELDS = {"name", "match", "notes", "stack", "attention", "shards_over_cp", "zero3_reuse_Mparams", "sources"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +27,8 @@ class Stack:
     key: str
     name: str
     match: tuple[str, ...]
+    stack: str = "megatron"  # the software-stack profile (catalog/stacks.toml) the runs used
+    notes: tuple[str, ...] = ()  # substrings the row's notes must also contain, all of them
     attention: str | None = None
     shards_over_cp: bool = False
     zero3_reuse_Mparams: float = 0.0  # ZeRO-3 reuse distance (Plan.reuse_Mparams); 0: FSDP's behaviour
@@ -59,6 +61,12 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
         match = entry.get("match")
         if not isinstance(match, list) or not match or not all(isinstance(m, str) and m.strip() for m in match):
             raise ValueError(f"{where}: match must be a non-empty list of source substrings")
+        notes = entry.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(m, str) and m.strip() for m in notes):
+            raise ValueError(f"{where}: notes must be a list of substrings of a row's notes")
+        stack = entry.get("stack", "megatron")
+        if stack not in STACK:
+            raise ValueError(f"{where}: stack must be one of {', '.join(STACK)}; got {stack!r}")
         attention = entry.get("attention")
         if attention is not None and attention not in ATTENTION:
             raise ValueError(f"{where}: attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
@@ -73,6 +81,8 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
                 key=key,
                 name=str(entry.get("name", key)),
                 match=tuple(m.strip() for m in match),
+                stack=stack,
+                notes=tuple(m.strip() for m in notes),
                 attention=attention,
                 shards_over_cp=shards,
                 zero3_reuse_Mparams=float(reuse),
@@ -82,10 +92,11 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
     return out
 
 
-def stack_for(source: str, stacks: Sequence[Stack]) -> Stack | None:
-    """The first stack one of whose ``match`` strings occurs in ``source`` (case-insensitive)."""
-    low = source.lower()
+def stack_for(source: str, stacks: Sequence[Stack], notes: str = "") -> Stack | None:
+    """The first stack one of whose ``match`` strings occurs in ``source`` and all of whose
+    ``notes`` strings occur in the row's ``notes`` (case-insensitive)."""
+    low, low_notes = source.lower(), notes.lower()
     for stack in stacks:
-        if any(m.lower() in low for m in stack.match):
+        if any(m.lower() in low for m in stack.match) and all(n.lower() in low_notes for n in stack.notes):
             return stack
     return None

@@ -45,6 +45,7 @@ class DeviceSpec:
     sm_count: Any  # streaming multiprocessors (compute units); 0 = no wave quantization
     attn2_eff_fwd: Any  # FlashAttention-2-class kernel forward throughput / bf16 dense peak
     attn2_eff_bwd: Any  # FlashAttention-2-class kernel backward throughput / bf16 dense peak
+    attn_softmax_cost: Any  # the fastest fused kernel's head-size sensitivity (compute.head_dim_factor)
     hbm_capacity_GiB: Any
     hbm_bw_GBps: Any
     tdp_W: Any

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .. import stacks
+from ..pytree import replace
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
 from ..types import Attention, Loss, Precision
 from ..units import GB, TFLOP, US
+from . import attention
 from ._safe import safe_div
 from .flops import kv_ratio, n_mlp_matrices
 
@@ -103,14 +106,37 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
     return 4.0 * b * (s / plan.cp) * s * m.hidden / plan.tp * 0.5
 
 
+def stack_fact(values, plan: Plan):
+    """A fact of the plan's software stack (:func:`hetersim.stacks.table`)."""
+    return jnp.asarray(values)[plan.stack_code]
+
+
+def _kernel_ok(dev, code):
+    """The device runs attention kernel ``code``: materialised everywhere, a fused kernel only
+    where the device has a measured utilisation for it (FlashAttention needs Ampere or newer)."""
+    fastest = jnp.minimum(dev.attn_eff_fwd, dev.attn_eff_bwd)
+    fa2 = jnp.minimum(dev.attn2_eff_fwd, dev.attn2_eff_bwd)
+    return (code == Attention.MATERIALIZED) | (jnp.where(code == Attention.FLASH2, fa2, fastest) > 0)
+
+
+def resolve_kernels(dev, plan: Plan) -> Plan:
+    """The plan with ``auto`` kernels replaced by its stack's (idempotent): an auto attention
+    kernel the device cannot run falls back to materialised attention, as the stacks do (Transformer
+    Engine's UnfusedDotProductAttention, SDPA's math backend); an explicitly asked-for one stays
+    and is flagged."""
+    t = stacks.table()
+    auto = plan.attention_code == Attention.AUTO
+    att = jnp.where(auto, stack_fact(t.attention, plan), plan.attention_code)
+    att = jnp.where(auto & ~_kernel_ok(dev, att), int(Attention.MATERIALIZED), att)
+    loss = jnp.where(plan.loss_code == Loss.AUTO, stack_fact(t.loss, plan), plan.loss_code)
+    return replace(plan, attention_code=att.astype(jnp.int32), loss_code=loss.astype(jnp.int32))
+
+
 def kernel_supported(dev, plan):
     """False where the plan's fused attention kernel has no utilisation on the device (e.g.
     FlashAttention on a V100, which needs Ampere or newer): such a plan is flagged, never
     priced at a zero rate. Materialised attention runs everywhere."""
-    fused = jnp.minimum(
-        _fused_eff(plan, dev.attn_eff_fwd, dev.attn2_eff_fwd), _fused_eff(plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
-    )
-    return (plan.attention_code == Attention.MATERIALIZED) | (fused > 0)
+    return _kernel_ok(dev, resolve_kernels(dev, plan).attention_code)
 
 
 def _materialized(dev, plan):
@@ -135,16 +161,26 @@ def attention_peak(dev, plan):
     return jnp.where(fp32, jnp.minimum(peak16, dev.peak_tflops[Precision.FP32]), peak16) * TFLOP
 
 
+def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2):
+    """Utilisation of the plan's fused kernel at its shape: the catalog's figure at the reference
+    shape, moved by the keys per kernel call (``s / cp``: ring attention runs one call per ring
+    step) and the head size (:mod:`hetersim.terms.attention`); never above the peak."""
+    ref = _fused_eff(plan, fastest, fa2)
+    cost = jnp.where(plan.attention_code == Attention.FLASH2, attention.FA2_SOFTMAX_COST, dev.attn_softmax_cost)
+    shape = attention.seq_factor(plan.seq_len / plan.cp) * attention.head_dim_factor(m.hidden / m.heads, cost)
+    return jnp.minimum(ref * shape, 1.0)
+
+
 def attention_fwd_s(dev, cal, m, plan):
     flops = attention_flops_fwd(m, plan)
-    eff = _fused_eff(plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
+    eff = attention_eff(dev, m, plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
     flash = safe_div(flops, attention_peak(dev, plan) * eff, 1e9) + cal.kernel_overhead_us * US
     return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 1.0), flash)
 
 
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
-    eff = _fused_eff(plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
+    eff = attention_eff(dev, m, plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
     flash = safe_div(flops, attention_peak(dev, plan) * eff, 1e9) + 2.0 * cal.kernel_overhead_us * US
     return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 2.0), flash)
 
@@ -167,52 +203,87 @@ def _materialized_s(dev, cal, m, plan, passes):
     return passes * (gem + ew)
 
 
+# Forward HBM bytes per element (16-bit activations) and kernels of each element-wise op, fused
+# (one kernel, 16-bit in and out: Transformer Engine / Megatron fusions, TorchInductor) or eager
+# (PyTorch ops one by one), read off the eager code:
+# * RMSNorm (torchtitan models/norms.py RMSNorm, transformers LlamaRMSNorm): x.float() (read 2,
+#   write 4), pow(2) (4+4), mean(-1) (read 4), x * rsqrt(var + eps) (4+4), type_as (4+2),
+#   * weight (2+2) = 36 bytes in 6 full-size kernels plus 2 per-row ones (add, rsqrt);
+# * rotary embedding on q and k (torchtitan apply_rotary_emb): float() (2+4), complex multiply
+#   (4+4), type_as (4+2) = 20 bytes in 3 kernels per tensor;
+# * SwiGLU silu(w1 x) * w3 x: silu (2+2) and mul (4+2) = 10 bytes per ffn element in 2 kernels;
+#   GeLU reads and writes the element either way (4 bytes, 1 kernel);
+# * residual adds read two and write one element (6 bytes, 1 kernel) either way.
+NORM_BYTES = (4.0, 36.0)
+NORM_KERNELS = (1.0, 8.0)
+ROPE_BYTES = (4.0, 20.0)
+ROPE_KERNELS = (1.0, 6.0)
+SWIGLU_BYTES = (6.0, 10.0)
+SWIGLU_KERNELS = (1.0, 2.0)
+
+
+def _by_fusion(values, eager):
+    return jnp.where(eager > 0, values[1], values[0])
+
+
+def eager(plan: Plan):
+    """1.0 where the plan's stack runs its element-wise work as eager PyTorch ops."""
+    return stack_fact(stacks.table().eager, plan)
+
+
 def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     """HBM bytes moved by one layer's element-wise kernels in the forward, per rank.
 
-    Per token: two norms (read+write h: 4h bytes each), two fused bias-dropout-residual adds
-    (read 2h, write h: 6h bytes each, plus a 1-byte dropout mask per element in models trained
-    with dropout) — replicated over tensor-parallel ranks unless sequence parallelism shards
-    them; rotary embedding on q and k (read+write); the activation function (SwiGLU reads 2f,
-    writes f; GeLU reads and writes f); FP8 casts of the four GEMM inputs (read 2 bytes, write
-    1).
+    Per token: two norms, two bias-dropout-residual adds (read 2h, write h: 6h bytes each, plus a
+    1-byte dropout mask per element in models trained with dropout) — replicated over
+    tensor-parallel ranks unless sequence parallelism shards them; rotary embedding on q and k;
+    the activation function; FP8 casts of the four GEMM inputs (read 2 bytes, write 1). The norm,
+    rotary and SwiGLU bytes depend on whether the stack fuses them (``NORM_BYTES`` ...).
     """
     e = act_bytes(plan) / 2.0  # 1 for 16-bit, 2 for fp32
+    ea = eager(plan)
     T = plan.micro_batch * plan.seq_len / plan.cp
     h, f, t = m.hidden, m.ffn_hidden, plan.tp
     sp_div = jnp.where(plan.sp > 0, t, 1.0)
-    hidden_ops = (2.0 * 4.0 * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
-    rope = m.rope * 2.0 * 2.0 * h * (1.0 + kv_ratio(m)) / t
-    act_fn = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) / t
+    hidden_ops = (2.0 * _by_fusion(NORM_BYTES, ea) * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
+    rope = m.rope * _by_fusion(ROPE_BYTES, ea) * h * (1.0 + kv_ratio(m)) / t
+    act_fn = act_fn_bytes(m, plan) * f / t
     fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (3.0 * h + f) / t, 0.0)
     return T * (e * (hidden_ops + rope + act_fn) + fp8)
+
+
+def act_fn_bytes(m: ModelSpec, plan: Plan):
+    """Forward bytes per ffn element of the activation function (16-bit)."""
+    return jnp.where(m.gated > 0, _by_fusion(SWIGLU_BYTES, eager(plan)), 4.0)
 
 
 def activation_fn_s(dev, cal, m, plan):
     """The MLP activation function alone (recomputed under selective recomputation)."""
     T = plan.micro_batch * plan.seq_len / plan.cp
-    nbytes = T * act_bytes(plan) / 2.0 * jnp.where(m.gated > 0, 6.0, 4.0) * m.ffn_hidden / plan.tp
-    return stream_s(dev, cal, nbytes, 1.0)
+    nbytes = T * act_bytes(plan) / 2.0 * act_fn_bytes(m, plan) * m.ffn_hidden / plan.tp
+    kernels = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, eager(plan)), 1.0)
+    return stream_s(dev, cal, nbytes, kernels)
 
 
-ELEMENTWISE_KERNELS_FWD = 6.0  # 2 norms, 2 residual adds, rope, activation function
-
-
-def elementwise_kernels_fwd(plan: Plan):
-    """Element-wise kernels per layer in the forward; FP8 adds a cast (with transpose and amax)
-    before each of the four GEMMs."""
-    return ELEMENTWISE_KERNELS_FWD + jnp.where(plan.precision_code == Precision.FP8, 4.0, 0.0)
+def elementwise_kernels_fwd(m: ModelSpec, plan: Plan):
+    """Element-wise kernels per layer in the forward: 2 norms, 2 residual adds, rotary embedding,
+    the activation function; FP8 adds a cast (with transpose and amax) before each of the four
+    GEMMs."""
+    ea = eager(plan)
+    act = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, ea), 1.0)
+    ops = 2.0 * _by_fusion(NORM_KERNELS, ea) + 2.0 + m.rope * _by_fusion(ROPE_KERNELS, ea) + act
+    return ops + jnp.where(plan.precision_code == Precision.FP8, 4.0, 0.0)
 
 
 def layer_elementwise_fwd_s(dev, cal, m, plan):
-    return stream_s(dev, cal, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(plan))
+    return stream_s(dev, cal, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(m, plan))
 
 
 def layer_elementwise_bwd_s(dev, cal, m, plan):
     """The backward of element-wise kernels reads the saved input and the incoming gradient and
     writes the outgoing gradient: about twice the forward's bytes (and FP8 casts the incoming
     gradient of each GEMM)."""
-    return stream_s(dev, cal, 2.0 * layer_elementwise_bytes(m, plan), 2.0 * elementwise_kernels_fwd(plan))
+    return stream_s(dev, cal, 2.0 * layer_elementwise_bytes(m, plan), 2.0 * elementwise_kernels_fwd(m, plan))
 
 
 def head_s(dev, cal, m, plan):

@@ -1,0 +1,134 @@
+"""Software-stack profiles (``catalog/stacks.toml``): what the framework running a plan does.
+
+The plan field ``stack`` (:class:`hetersim.types.Stack`) names a profile. A profile is a set of
+categorical facts, each with its source: the attention and loss kernels a plan with ``attention =
+auto`` / ``loss = auto`` runs, whether its element-wise work is fused or runs as eager PyTorch ops,
+whether its tensor-parallel collectives and pipeline sends overlap compute. The traced model reads
+them as small per-stack arrays indexed by ``plan.stack_code`` (:func:`table`). Nothing here
+imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .types import Attention, Loss, Stack
+
+__all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
+
+ELEMENTWISE = ("fused", "eager")
+_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap")
+_KEYS = {"name", "sources", *_FACTS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    key: str
+    name: str
+    attention: str
+    loss: str
+    elementwise: str
+    tp_comm_overlap: bool
+    p2p_overlap: bool
+    sources: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class StackTable:
+    """One entry per :class:`Stack` code, in code order."""
+
+    attention: np.ndarray  # Attention code of each stack's kernel
+    loss: np.ndarray  # Loss code
+    eager: np.ndarray  # 1.0 where element-wise work runs as eager PyTorch ops
+    tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
+    p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
+
+
+def default_path() -> Path:
+    return Path(str(resources.files("hetersim") / "catalog" / "stacks.toml"))
+
+
+def _choice(where: str, key: str, value, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"{where}: {key} must be one of {', '.join(options)}; got {value!r}")
+    return value
+
+
+def _profile(path: Path, key: str, entry) -> Profile:
+    where = f"{path}: stack {key}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a table")
+    unknown = sorted(set(entry) - _KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_KEYS))}")
+    missing = [k for k in _FACTS if k not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing {missing[0]!r}")
+    sources = entry.get("sources") or {}
+    unsourced = [k for k in _FACTS if not str(sources.get(k, "")).strip()]
+    if unsourced:
+        raise ValueError(f"{where}: sources.{unsourced[0]} is missing; every fact names its source")
+    for k in ("tp_comm_overlap", "p2p_overlap"):
+        if not isinstance(entry[k], bool):
+            raise ValueError(f"{where}: {k} must be true or false; got {entry[k]!r}")
+    fused = tuple(n for n in Attention.names() if n != Attention.AUTO.label)
+    return Profile(
+        key=key,
+        name=str(entry.get("name", key)),
+        attention=_choice(where, "attention", entry["attention"], fused),
+        loss=_choice(where, "loss", entry["loss"], tuple(n for n in Loss.names() if n != Loss.AUTO.label)),
+        elementwise=_choice(where, "elementwise", entry["elementwise"], ELEMENTWISE),
+        tp_comm_overlap=entry["tp_comm_overlap"],
+        p2p_overlap=entry["p2p_overlap"],
+        sources={str(k): str(v) for k, v in sources.items()},
+    )
+
+
+def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
+    """Every :class:`Stack`'s profile; one-line ``ValueError`` naming the file, stack and key."""
+    path = Path(path) if path is not None else default_path()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text (UTF-8) stacks file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    unknown = sorted(set(data) - set(Stack.names()))
+    if unknown:
+        raise ValueError(f"{path}: unknown stack {unknown[0]!r}; allowed: {', '.join(Stack.names())}")
+    missing = [s for s in Stack.names() if s not in data]
+    if missing:
+        raise ValueError(f"{path}: stack {missing[0]!r} has no profile")
+    return {key: _profile(path, key, data[key]) for key in Stack.names()}
+
+
+@functools.cache
+def _packaged() -> dict[str, Profile]:
+    return load_profiles()
+
+
+def profile(stack: str | int) -> Profile:
+    """The packaged profile of a stack, by name or code."""
+    name = Stack(stack).label if isinstance(stack, int) else stack
+    return _packaged()[name]
+
+
+@functools.cache
+def table() -> StackTable:
+    """The packaged profiles as per-stack arrays (the traced model's view)."""
+    rows = [_packaged()[name] for name in Stack.names()]
+    return StackTable(
+        attention=np.array([Attention.parse(p.attention, "attention").value for p in rows], np.int32),
+        loss=np.array([Loss.parse(p.loss, "loss").value for p in rows], np.int32),
+        eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
+        tp_comm_overlap=np.array([float(p.tp_comm_overlap) for p in rows], np.float32),
+        p2p_overlap=np.array([float(p.p2p_overlap) for p in rows], np.float32),
+    )

@@ -1,0 +1,53 @@
+"""How a fused attention kernel's utilisation depends on sequence length and head size.
+
+The catalog gives each device's measured utilisation of its fused kernels (``attn_eff_*``,
+``attn2_eff_*``) at the reference shape: head dimension 128, causal, sequence length about 4k
+(:data:`REF_SEQ`, :data:`REF_HEAD_DIM`). Two published effects move it from there:
+
+* **Sequence length.** Every query row of a kernel call carries a fixed cost (loading its Q block,
+  rescaling and writing O and the log-sum-exp; under a causal mask also the half-masked diagonal
+  blocks and the uneven work of the rows) worth the arithmetic of about ``s0`` keys, so the
+  utilisation at ``s`` keys per call is ``u_inf * s / (s + s0)``. Least-squares fits of that form to
+  the FlashAttention-2 forward+backward curves (Dao 2023, arXiv 2307.08691, Figs. 4 and 7, as
+  printed in Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png and
+  flash2_h100_fwd_bwd_benchmark.png @ 4f285b3; 16k tokens per batch, seq 512-16k) reproduce every
+  point within 1.1% RMS with s0 = 484-542 causal (hdim 64 and 128, A100 and H100) and 177-200
+  non-causal. Training attention is causal: :data:`S0_CAUSAL` = 520, their middle.
+* **Head size.** Per score element a kernel does ``4 d`` matmul FLOPs (QK^T and PV) and one
+  exponential on the much slower special-function units (H100: 989 dense TFLOP/s against 3.9
+  TFLOP/s of exponentials, Shah et al. 2024, arXiv 2407.08608 §3), so the utilisation scales as
+  ``4d / (4d + r)``, where ``r`` is the kernel's unhidden softmax work in matmul-FLOP units. From
+  the same figures' asymptotes at hdim 64 and 128: FlashAttention-2 forward+backward loses 12%
+  from 128 to 64 on both A100 (193 -> 176 TFLOP/s, causal) and H100 (333 -> 292), r = 81
+  (:data:`FA2_SOFTMAX_COST`); on H100 cuDNN's forward loses 29% (559 -> 397, causal; FA3 paper
+  forward figure, Dao-AILab/flash-attention assets/flash3_fp16_fwd.png @ 7ef2484), r = 353 —
+  the catalog's ``attn_softmax_cost`` of Hopper-class devices, whose fastest kernel is cuDNN's.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+S0_CAUSAL = 520.0
+REF_SEQ = 4096.0
+REF_HEAD_DIM = 128.0
+FA2_SOFTMAX_COST = 81.0
+
+
+def seq_factor(keys_per_call):
+    """Utilisation at ``keys_per_call`` keys per query row and kernel call, relative to the
+    catalog's reference sequence length."""
+    s = jnp.maximum(keys_per_call, 1.0)
+    return (s / (s + S0_CAUSAL)) / (REF_SEQ / (REF_SEQ + S0_CAUSAL))
+
+
+def head_dim_factor(head_dim, softmax_cost):
+    """Utilisation at ``head_dim`` relative to head dimension 128 for a kernel whose unhidden
+    softmax work is ``softmax_cost`` matmul FLOPs per score element."""
+    d = jnp.maximum(head_dim, 1.0)
+    g = 4.0 * d / (4.0 * d + softmax_cost)
+    g_ref = 4.0 * REF_HEAD_DIM / (4.0 * REF_HEAD_DIM + softmax_cost)
+    # Larger heads gain no more: at hdim 256 the kernels run smaller tiles (register and shared
+    # memory pressure), and the same figures show 0.88 (FlashAttention-2), 0.94 (cuDNN) and 1.05
+    # (FlashAttention-3) of their hdim-128 causal rate.
+    return jnp.minimum(g / g_ref, 1.0)

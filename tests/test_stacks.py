@@ -1,0 +1,170 @@
+"""Software stacks, attention by shape, hosts and devices outside the tables (issue 14)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+from hetersim import build, stacks
+from hetersim.catalog import apply_overrides, load_catalog
+from hetersim.simulate import simulate
+from hetersim.terms import attention, compute
+from hetersim.types import Stack
+
+from .conftest import make
+
+sim = jax.jit(simulate)
+EVAL = "evaluate --model llama3-8b --gpu h100-sxm-80gb --gpus 8 --global-batch 64 --seq-len 8192".split()
+
+
+def _step(catalog, cal, **plan):
+    opts = {**dict(n_gpus=8, tp=1, pp=1, global_batch=64, seq_len=8192), **plan}
+    return float(sim(*make(catalog, "llama3-8b", **opts), cal).step_time_s)
+
+
+def test_every_stack_has_a_complete_cited_profile():
+    for name in Stack.names():
+        prof = stacks.profile(name)
+        assert prof.key == name
+        for fact in ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap"):
+            assert len(prof.sources[fact]) > 20, (name, fact)
+
+
+def test_the_same_layout_under_two_stacks_gives_two_cited_answers():
+    runner = CliRunner()
+    out = {}
+    for stack in ("megatron", "torchtitan"):
+        result = runner.invoke(app, [*EVAL, "--stack", stack, "--json"])
+        assert result.exit_code == 0, result.output
+        out[stack] = json.loads(result.stdout)
+    assert out["megatron"]["step_time_s"] != out["torchtitan"]["step_time_s"]
+    assert out["megatron"]["stack"]["attention"] == "flash" and out["torchtitan"]["stack"]["attention"] == "flash2"
+    assert "torchtitan" in out["torchtitan"]["stack"]["sources"]["elementwise"]
+    text = runner.invoke(app, [*EVAL, "--stack", "torchtitan"]).output
+    assert "stack: torchtitan" in text and "element-wise eager" in text
+
+
+@pytest.mark.parametrize("flag, value", [("--stack", "nemo-9"), ("--attention", "flash4"), ("--loss", "fused")])
+def test_an_unknown_stack_or_kernel_is_refused(flag, value):
+    result = CliRunner().invoke(app, [*EVAL, flag, value])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {flag} must be one of") and result.output.count("\n") == 1
+
+
+def test_eager_element_wise_work_is_never_faster_than_fused(catalog, cal):
+    for tp in (1, 8):
+        eager = _step(catalog, cal, stack="torchtitan", tp=tp, sp=tp > 1)
+        fused = _step(catalog, cal, stack="torchtitan-compile", tp=tp, sp=tp > 1)
+        assert eager > fused
+
+
+def test_blocking_tensor_and_pipeline_communication_is_never_faster(catalog, cal):
+    """Megatron-Core's overlapped TP collectives and DeepSpeed's blocking pipeline sends: with the
+    same kernels (attention and element-wise fixed), blocking costs time."""
+    opts = dict(attention="flash2", tp=8, sp=True)
+    assert _step(catalog, cal, stack="deepspeed", **opts) > _step(catalog, cal, stack="megatron", **opts)
+    m, s, p = make(catalog, "llama2-70b", pp=4, stack="megatron", attention="flash2")
+    _, _, p_ds = make(catalog, "llama2-70b", pp=4, stack="deepspeed", attention="flash2")
+    assert float(sim(m, s, p_ds, cal).pp_comm_s) > float(sim(m, s, p, cal).pp_comm_s)
+
+
+def test_attention_utilisation_rises_with_sequence_length_at_fixed_kernel():
+    seq = jnp.array([512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 131072.0])
+    f = np.asarray(attention.seq_factor(seq))
+    assert np.all(np.diff(f) > 0) and f[3] == pytest.approx(1.0)
+    # The fitted form reproduces FlashAttention-2 on H100 (fwd+bwd, hdim 128, causal: 163 TFLOP/s
+    # at 512 and 328 at 16k, FlashAttention-2 paper Fig. 7) within 5%.
+    assert f[0] / f[5] == pytest.approx(163.0 / 328.0, rel=0.05)
+
+
+def test_smaller_heads_run_attention_at_a_lower_utilisation(catalog, cal):
+    d = jnp.array([32.0, 64.0, 128.0, 256.0])
+    for cost in (attention.FA2_SOFTMAX_COST, 353.0):
+        g = np.asarray(attention.head_dim_factor(d, cost))
+        assert np.all(np.diff(g) >= 0) and g[2] == pytest.approx(1.0) and g.max() <= 1.0
+    # FlashAttention-2, H100, fwd+bwd causal asymptotes at hdim 64 and 128: 292 / 333.
+    assert float(attention.head_dim_factor(64.0, attention.FA2_SOFTMAX_COST)) == pytest.approx(292 / 333, rel=0.02)
+    m, s, p = make(catalog, "llama3-8b", n_gpus=8, tp=1, pp=1, global_batch=8, seq_len=8192)
+    wide = compute.attention_eff(s.device, m, p, s.device.attn_eff_fwd, s.device.attn2_eff_fwd)
+    narrow_m = build.model_spec({**catalog.model("llama3-8b"), "heads": 64, "kv_heads": 8})
+    narrow = compute.attention_eff(s.device, narrow_m, p, s.device.attn_eff_fwd, s.device.attn2_eff_fwd)
+    assert float(narrow) < float(wide) <= 1.0
+
+
+def test_a_smaller_host_is_never_faster_at_cpu_adam(catalog, cal):
+    off = {"optimizer": "host-dram"}
+    times = []
+    for cores in (8, 16, 32, 64, 128):
+        entry = apply_overrides("gpus", "a100-sxm-40gb", catalog.gpu("a100-sxm-40gb"), {"host_cores": cores})
+        s = build.system_spec(entry, catalog.links, memory=catalog.memory)
+        m = build.model_spec(catalog.model("llama3-8b"))
+        p = build.plan_spec(n_gpus=2, global_batch=2, seq_len=4096, zero=2, recompute="full", offload=off)
+        times.append(float(sim(m, s, p, cal).step_time_s))
+    assert all(a >= b for a, b in zip(times, times[1:])) and times[0] > times[-1]
+    avx2 = apply_overrides("gpus", "a100-sxm-40gb", catalog.gpu("a100-sxm-40gb"), {"host_simd": "avx2"})
+    avx512 = apply_overrides("gpus", "a100-sxm-40gb", catalog.gpu("a100-sxm-40gb"), {"host_simd": "avx512"})
+    rate = lambda e: float(build.system_spec(e, catalog.links, memory=catalog.memory).host.cpu_adam_Gparams_per_s)  # noqa: E731
+    assert rate(avx2) == pytest.approx(rate(avx512) / 2)
+
+
+def _user_gpu(tmp_path: Path, **fields) -> Path:
+    base = dict(
+        name="NVIDIA T4",
+        vendor="nvidia",
+        peak_tflops_bf16=0.0,
+        peak_tflops_fp16=65.0,
+        peak_tflops_fp8=0.0,
+        peak_tflops_fp32=8.1,
+        hbm_capacity_GiB=15.0,
+        hbm_bw_GBps=320.0,
+        scaleup_link="pcie4-x16",
+        scaleup_domain=1,
+        gpus_per_node=4,
+        host_link="pcie4-x16",
+        nic="ib-hdr-200",
+        nics_per_gpu=0.25,
+        tdp_W=70.0,
+        price_usd_per_hour=0.35,
+        sm_count=40,
+        flash_attention=False,
+    )
+    base.update(fields)
+    body = "[gpus.t4-user]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in base.items()) + "\n"
+    path = tmp_path / "t4.toml"
+    path.write_text(body)
+    return path
+
+
+def test_measured_figures_in_tool_units_set_the_efficiencies(tmp_path):
+    links = load_catalog().links
+    scaleup = next(k for k, e in links.items() if e["kind"] == "scaleup")
+    host = next(k for k, e in links.items() if e["kind"] == "host")
+    nic = next(k for k, e in links.items() if e["kind"] == "scaleout")
+    refs = dict(scaleup_link=scaleup, host_link=host, nic=nic)
+    # mamf-finder's maximum achievable TFLOPS on a T4 (about 24 of 65 sustained under 70 W).
+    gpu = load_catalog([_user_gpu(tmp_path, measured_gemm_tflops_bf16=24.0, **refs)]).gpu("t4-user")
+    assert gpu["gemm_eff_bf16"] == pytest.approx(24.0 / 65.0)
+    # No measured figure: the documented default from the sustained clock under the power limit.
+    gpu = load_catalog([_user_gpu(tmp_path, boost_clock_MHz=1590.0, sustained_clock_MHz=900.0, **refs)]).gpu("t4-user")
+    from hetersim.catalog.check import DEFAULT_MAMF_SHARE
+
+    assert gpu["gemm_eff_bf16"] == pytest.approx(DEFAULT_MAMF_SHARE * 900.0 / 1590.0)
+    with pytest.raises(ValueError, match="exceeds peak_tflops_fp16"):
+        load_catalog([_user_gpu(tmp_path, measured_gemm_tflops_bf16=80.0, **refs)])
+    with pytest.raises(ValueError, match="has no gemm_eff_bf16"):
+        load_catalog([_user_gpu(tmp_path, **refs)])
+
+
+def test_a_measured_nccl_bus_bandwidth_sets_the_link_efficiency(catalog):
+    key, link = next((k, e) for k, e in catalog.links.items() if e["kind"] == "scaleout")
+    entry = apply_overrides("links", key, link, {"measured_busbw_GBps": 0.5 * link["bw_GBps"]})
+    assert entry["busbw_eff"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="exceeds bw_GBps"):
+        apply_overrides("links", key, link, {"measured_busbw_GBps": 2.0 * link["bw_GBps"]})
