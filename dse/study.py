@@ -409,11 +409,13 @@ def auto_values(key: str, ctx: _AutoContext) -> tuple[Any, ...]:
 
 def _plan_axis(origin: str, key: str, value: Any, ctx: _AutoContext) -> tuple[Any, ...]:
     full = f"plan.{key}"
-    if value == "auto":
+    # "auto" is an option of its own for the kernels (the stack's kernel), not the study's rule.
+    is_option = key in CATEGORICAL and "auto" in CATEGORICAL[key]
+    if value == "auto" and not is_option:
         if key not in AUTO_RULES:
             raise _err(origin, full, '"auto" has no rule for this field; give a value or a list of values')
         return auto_values(key, ctx)
-    if isinstance(value, list) and "auto" in value:
+    if isinstance(value, list) and "auto" in value and not is_option:
         raise _err(origin, full, f'"auto" stands alone (write plan.{key} = "auto"), not inside a list')
     if key in CATEGORICAL:
         options = CATEGORICAL[key]

@@ -168,3 +168,39 @@ def test_a_measured_nccl_bus_bandwidth_sets_the_link_efficiency(catalog):
     assert entry["busbw_eff"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="exceeds bw_GBps"):
         apply_overrides("links", key, link, {"measured_busbw_GBps": 2.0 * link["bw_GBps"]})
+
+
+STACK_STUDY = """\
+name = "stacks"
+objectives = ["time_to_train_s", "cost_usd"]
+
+[model]
+key = "llama3-8b"
+
+[hardware]
+gpu = "h100-sxm-80gb"
+n_gpus = 8
+
+[plan]
+tp = [1, 2]
+stack = ["megatron", "torchtitan", "fsdp"]
+global_batch = 16
+seq_len = 4096
+train_tokens = 1.0e10
+"""
+
+
+def test_a_stack_named_in_a_study_is_an_axis_of_the_sweep(tmp_path):
+    import xarray as xr
+
+    from dse import sweep
+    from dse.results import open_results
+
+    study = tmp_path / "stacks.toml"
+    study.write_text(STACK_STUDY)
+    path = sweep.run_sweep(study, tmp_path / "out", chunk=64, progress=False)
+    with xr.open_dataset(path) as ds:
+        assert "stack" in ds.coords and "torchtitan" in ds["stack"].attrs["flag_meanings"]
+    named = open_results(path)
+    by_stack = {s: float(named.sel(stack=s, tp=1)["step_time_s"].min()) for s in ("megatron", "torchtitan", "fsdp")}
+    assert by_stack["megatron"] < by_stack["torchtitan"] and by_stack["megatron"] < by_stack["fsdp"]
