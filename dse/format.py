@@ -325,12 +325,21 @@ def print_validation(con: Console, report: Mapping[str, Any], worst: int) -> Non
     for label, s in report["per_source"].items():
         t.add_row(label, str(s["n"]), _pct(s["mape_pct"]), _pct(s["max_abs_error_pct"]))
     con.print(t)
+    if report.get("per_stack"):
+        t = Table(title="Per software stack (hetersim/catalog/stacks.toml)", title_justify="left")
+        t.add_column("stack")
+        t.add_column("runs", justify="right")
+        t.add_column("MAPE %", justify="right")
+        t.add_column("max |error| %", justify="right")
+        for label, s in report["per_stack"].items():
+            t.add_row(label, str(s["n"]), _pct(s["mape_pct"]), _pct(s["max_abs_error_pct"]))
+        con.print(t)
     stacks: dict[str, int] = {}
     for r in rows:
         if r.get("stack"):
             stacks[r["stack"]] = stacks.get(r["stack"], 0) + 1
     if stacks:
-        con.print("software stacks matched by source: " + ", ".join(f"{k} ({n} runs)" for k, n in stacks.items()))
+        con.print("stack entries matched by source: " + ", ".join(f"{k} ({n} runs)" for k, n in stacks.items()))
     if worst > 0:
         ranked = sorted(rows, key=lambda r: abs(r["error_pct"]), reverse=True)[:worst]
         con.print(_rows_table(f"Worst {len(ranked)}", ranked))

@@ -124,6 +124,7 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dic
                 complete=row.complete,
                 substituted=prep.substituted[i],
                 stack=row.stack.key if row.stack else "",
+                stack_profile=planfields.BY_NAME["stack"].options(int(np.asarray(prep.plans.stack_code)[i])).label,
                 hbm_used_GiB=float(np.asarray(out.hbm_used_GiB)[i]),
             )
         )
@@ -143,7 +144,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for label in dict.fromkeys(r["source"] for r in rows):
         e = np.array([abs(r["error_pct"]) for r in rows if r["source"] == label])
         per_source[label] = {"n": int(e.size), "mape_pct": float(e.mean()), "max_abs_error_pct": float(e.max())}
+    per_stack: dict[str, dict[str, float]] = {}
+    for label in dict.fromkeys(r.get("stack_profile", "") for r in rows):
+        e = np.array([abs(r["error_pct"]) for r in rows if r.get("stack_profile", "") == label])
+        per_stack[label] = {"n": int(e.size), "mape_pct": float(e.mean()), "max_abs_error_pct": float(e.max())}
     return {
+        "per_stack": per_stack,
         "n_runs": len(rows),
         "mape_step_time_pct": float(abs_err.mean()),
         "mape_step_time_pct_complete": float(abs_err[complete].mean()) if complete.any() else float("nan"),
