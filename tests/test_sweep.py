@@ -734,3 +734,14 @@ def test_streamed_dask_equals_streamed_local(tmp_path, streamed):
         )
     with xr.open_dataset(out) as ds:
         assert_same(ds.load(), expected)
+
+
+def test_sweep_stores_the_step_time_interval_around_the_prediction(tiny):
+    _, ds = tiny
+    low, step, high = ds.step_time_s_low.values, ds.step_time_s.values, ds.step_time_s_high.values
+    ok = np.isfinite(step)
+    assert ok.any()
+    assert np.all(low[ok] <= step[ok]) and np.all(step[ok] <= high[ok])
+    assert np.any(high[ok] > step[ok])  # an interval, not a copy of the prediction
+    for name in ("step_time_s_low", "step_time_s_high"):
+        assert ds[name].attrs["units"] == "s" and "80% prediction interval" in ds[name].attrs["long_name"]
