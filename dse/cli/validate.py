@@ -93,6 +93,8 @@ def calibrate_cmd(
     positive("--steps", steps, hi=MAX_STEPS)
     if out is not None and not dry_run:
         atomic.check_target(out, "--out")
+    if intervals and cross_validate:
+        raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
     if intervals:
         return _intervals(runs, load_catalog(catalog_files), steps, out, dry_run, as_json)
     if cross_validate:
