@@ -121,8 +121,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def evaluation(out: Any, step_terms: Iterable[str], header: Mapping[str, Any]) -> dict[str, Any]:
-    """One configuration's answer as a plain dict (``header`` names the model, GPU and plan)."""
+def evaluation(
+    out: Any, step_terms: Iterable[str], header: Mapping[str, Any], interval: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """One configuration's answer as a plain dict (``header`` names the model, GPU and plan;
+    ``interval`` the 80% interval of the step time, :mod:`hetersim.fit.intervals`)."""
     f = lambda name: float(np.asarray(getattr(out, name)))  # noqa: E731
     code = int(np.asarray(out.infeasible))
     used = np.asarray(out.tier_used_GiB, dtype=float)
@@ -145,6 +148,7 @@ def evaluation(out: Any, step_terms: Iterable[str], header: Mapping[str, Any]) -
         "infeasible_code": code,
         "reasons": Infeasible.describe(code),
         "step_time_s": f("step_time_s"),
+        **({} if interval is None else {"step_time_interval_s": _interval(interval)}),
         "breakdown_s": {name: f(name) for name in step_terms},
         "tokens_per_s": f("tokens_per_s"),
         "tokens_per_s_per_gpu": f("tokens_per_s_per_gpu"),
@@ -225,6 +229,10 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
         t.add_row(_term_label(name), f"{value:.4f}", f"{100.0 * value / step:.1f}" if step > 0 else "-")
     t.add_row("[bold]step time[/]", f"[bold]{step:.4f}[/]", "100.0", end_section=True)
     con.print(t)
+    if r.get("step_time_interval_s"):
+        itv = r["step_time_interval_s"]
+        level = f"{100 * itv['level']:.0f}%"
+        con.print(f"step time {_sig(step)} s ({level}: {_sig(itv['low'])}–{_sig(itv['high'])} s)")
 
     t = Table(title="Throughput", title_justify="left", show_header=False)
     t.add_column("metric")
@@ -285,6 +293,17 @@ def _num(v: float | None, digits: int) -> str:
     if v is None or not math.isfinite(v):
         return "-"
     return f"{v:.{digits}f}" if abs(v) < 1e5 else f"{v:.3g}"
+
+
+def _interval(interval: tuple[float, float]) -> dict[str, float]:
+    from hetersim.fit.intervals import LEVEL
+
+    return {"level": LEVEL, "low": float(interval[0]), "high": float(interval[1])}
+
+
+def _sig(v: float) -> str:
+    """Three significant figures (an interval's ends are not known better)."""
+    return f"{v:.3g}"
 
 
 def _pct(v: float | None) -> str:
@@ -348,6 +367,11 @@ def print_validation(con: Console, report: Mapping[str, Any], worst: int) -> Non
         f"{_pct(report['mape_step_time_pct_complete'])} % over the {report.get('n_complete', '?')} complete runs; "
         f"max |error| {_pct(report['max_abs_error_pct'])} %"
     )
+    if "coverage_pct" in report:
+        con.print(
+            f"80% intervals cover [bold]{_pct(report['coverage_pct'])} %[/] of the measured runs "
+            "(in-sample: the stored intervals were fitted to these runs' held-out residuals)"
+        )
 
 
 def print_summary(con: Console, title: str, result: Mapping[str, Any]) -> None:

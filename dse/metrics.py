@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hetersim.outputs import INTERVALS as INTERVAL_LABELS
 from hetersim.outputs import STEP_TERMS
 
 Sense = Literal["min", "max"]
@@ -57,6 +58,10 @@ METRICS: dict[str, Metric] = {
     "energy_kWh": Metric("kWh", "GPU energy to train the token budget (at TDP)"),
     "infeasible": Metric("1", "why the configuration cannot run (hetersim.types.Infeasible bit flags)", "min", "i4"),
 }
+
+# The step time's 80% prediction interval (hetersim.fit.intervals): two variables of a sweep
+# dataset beside step_time_s, computed with it in the compiled chunk; not a breakdown field.
+INTERVALS: dict[str, Metric] = {name: Metric("s", label) for name, label in INTERVAL_LABELS.items()}
 
 # Derived quantities a constraint may bound besides the metrics above.
 DERIVED = {"hbm_frac": Metric("1", "HBM used / HBM capacity")}

@@ -37,6 +37,7 @@ class Configuration:
     breakdown: Any
     groups: list[dict[str, Any]] | None = None
     mixed: Any = None  # the ClusterBreakdown of a mix
+    interval: tuple[float, float] | None = None  # 80% interval of the step time (hetersim.fit.intervals)
 
 
 @functools.cache
@@ -161,7 +162,8 @@ def configure(
         system = cluster_spec(groups, cat.links, hetero, list(layers_per_stage or ()) or None)
         mixed = _compiled("cluster")(m, system, plan_s, cal)
         rows = group_rows(groups, mixed, hetero)
-        return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), mixed.total, rows, mixed)
+        itv = step_time_interval(cat, [e for e, _ in groups], resolved, mixed.total.step_time_s)
+        return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), mixed.total, rows, mixed, itv)
     from . import tiers
 
     cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
@@ -169,7 +171,26 @@ def configure(
     tiers.check_offload(system.host, resolved["offload"])
     check_layout(model_entry, plan, resolved)
     out = _compiled("simulate")(m, system, plan_s, cal)
-    return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out)
+    itv = step_time_interval(cat, [gpu_entry], resolved, out.step_time_s)
+    return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out, interval=itv)
+
+
+def step_time_interval(catalog, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any], step_time_s):
+    """``(low, high)``: the 80% interval of a predicted step time (:mod:`hetersim.fit.intervals`)
+    for a configuration of these device kinds (catalog entries) and resolved plan options."""
+    from .fit import intervals
+
+    model = intervals.load_intervals()
+    ev = model.evidence
+    keys = [next((k for k, v in catalog.gpus.items() if v == e), "") for e in entries]
+    flags = {
+        "device": max(intervals.device_flag(k, e, ev) for k, e in zip(keys, entries, strict=True)),
+        "stack": intervals.stack_flag(plan.get("stack"), ev),
+        "long_context": float(plan["seq_len"] > ev.max_seq_len),
+        "offload": float(bool(plan.get("offload"))),
+    }
+    low, high = intervals.bounds(model, float(step_time_s), flags)
+    return float(low), float(high)
 
 
 def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:

@@ -3,7 +3,8 @@
 :data:`STEP_TERMS` are the parts of the step time, in the order they add up;
 :data:`OUTPUTS` every other field of :class:`hetersim.simulate.Breakdown`. The breakdown's
 fields, ``simulate``'s step sum, the cluster model's per-term composition and the sweep's
-metric labels (``dse.metrics``) are all generated from these two tables.
+metric labels (``dse.metrics``) are all generated from these two tables. :data:`INTERVALS` names
+the step time's prediction interval, computed beside the breakdown, not by ``simulate``.
 """
 
 from __future__ import annotations
@@ -46,4 +47,11 @@ OUTPUTS: dict[str, str] = {
     "tier_bw_GBps": "[N_TIERS] read bandwidth one GPU gets to each tier (index 0 unused)",
     "tier_bw_needed_GBps": "[N_TIERS] per-GPU bandwidth that would hide each tier's traffic",
     "offload_bw_needed_GBps": "the largest of tier_bw_needed_GBps",
+}
+
+# The 80% prediction interval of step_time_s (hetersim.fit.intervals), from the leave-one-source-out
+# residuals: computed beside the breakdown (by the sweep, ``evaluate`` and ``validate``), not in it.
+INTERVALS: dict[str, str] = {
+    "step_time_s_low": "lower end of the 80% prediction interval of the step time",
+    "step_time_s_high": "upper end of the 80% prediction interval of the step time",
 }

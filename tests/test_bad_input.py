@@ -71,6 +71,8 @@ CASES = [
     # output locations, checked before the work
     ("validate-json-folder", ["validate", "--json", "{tmp}"], ["--json", "folder"]),
     ("calibrate-out-folder", ["calibrate", "--steps", "1", "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
+    ("intervals-out-folder", ["calibrate", "--intervals", "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
+    ("intervals-and-cross-validate", ["calibrate", "--intervals", "--cross-validate"], ["--intervals", "--cross"]),
     ("bench-json-folder", ["bench", "--configs", "10", "--json", "{tmp}/folder.json"], ["--json", "folder"]),
     ("sweep-out-is-a-file", ["sweep", STUDY, "--out", "{tmp}/file"], ["--out", "not a folder"]),
     ("sweep-out-nc-under-a-file", ["sweep", STUDY, "--out", "{tmp}/file/x.nc"], ["--out", "not a folder"]),

@@ -42,3 +42,24 @@ def test_llama3_405b_on_meta_h100_clusters(catalog, cal, name):
     err = 100.0 * (tflops / measured - 1.0)
     print(f"\nLlama 3 405B {name}: {tflops:.0f} TFLOP/s per GPU vs {measured:.0f} measured ({err:+.1f}%)")
     assert abs(err) <= 15.0
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_llama3_405b_step_time_inside_its_80_percent_interval(catalog, cal, name):
+    """Runs no fit has seen: each measured step time against the prediction's 80% interval
+    (hetersim.fit.intervals; an H100 on the default stack at 8k-131k tokens: no evidence flag)."""
+    from hetersim.api import step_time_interval
+
+    n, cp, dp, seq, gb, measured = RUNS[name]
+    entry = catalog.gpu("h100-sxm-80gb")
+    options = dict(
+        n_gpus=n, tp=8, pp=16, vp=4, cp=cp, dp=dp, sp=True, zero=2, micro_batch=1, global_batch=gb,
+        seq_len=seq, recompute="selective", precision="bf16",
+    )  # fmt: skip
+    m = build.model_spec(catalog.model("llama3-405b"))
+    out = jax.jit(simulate)(m, build.system_spec(entry, catalog.links), build.plan_spec(**options), cal)
+    step = float(out.step_time_s)
+    low, high = step_time_interval(catalog, [entry], {**options, "offload": {}}, step)
+    measured_step = step * float(out.model_tflops_per_gpu) / measured  # the same FLOPs per step
+    print(f"\nLlama 3 405B {name}: measured {measured_step:.2f} s in 80% [{low:.2f}, {high:.2f}] s")
+    assert low <= measured_step <= high

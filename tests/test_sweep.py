@@ -18,7 +18,7 @@ import xarray as xr
 from dse import sweep
 from dse.bench import run_bench
 from dse.cli.sweep import sweep_command
-from dse.metrics import METRICS, STEP_TERM_LABELS
+from dse.metrics import INTERVALS, METRICS, STEP_TERM_LABELS
 from dse.pareto import pareto_mask
 from dse.study import DEFAULT_STUDY, load_study, parse_study
 from dse.sweep import run as sweep_run
@@ -666,7 +666,8 @@ def test_reducer_in_any_chunk_order_equals_brute_force(objectives):
     rng = np.random.default_rng(len(objectives))
     arrays = {}
     for name in sweep.variables():
-        dtype = METRICS[name].dtype if name in METRICS else sweep.EXTRA_VARIABLES[name][1]
+        spec = METRICS.get(name) or INTERVALS.get(name)
+        dtype = spec.dtype if spec is not None else sweep.EXTRA_VARIABLES[name][1]
         arrays[name] = rng.integers(0, 12, n).astype(dtype)
     arrays["feasible"] = (rng.random(n) < 0.6).astype(np.int8)
     arrays["infeasible"] = np.where(arrays["feasible"] == 1, 0, rng.integers(1, 64, n)).astype(np.int32)
@@ -734,3 +735,14 @@ def test_streamed_dask_equals_streamed_local(tmp_path, streamed):
         )
     with xr.open_dataset(out) as ds:
         assert_same(ds.load(), expected)
+
+
+def test_sweep_stores_the_step_time_interval_around_the_prediction(tiny):
+    _, ds = tiny
+    low, step, high = ds.step_time_s_low.values, ds.step_time_s.values, ds.step_time_s_high.values
+    ok = np.isfinite(step)
+    assert ok.any()
+    assert np.all(low[ok] <= step[ok]) and np.all(step[ok] <= high[ok])
+    assert np.any(high[ok] > step[ok])  # an interval, not a copy of the prediction
+    for name in ("step_time_s_low", "step_time_s_high"):
+        assert ds[name].attrs["units"] == "s" and "80% prediction interval" in ds[name].attrs["long_name"]

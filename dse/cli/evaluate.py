@@ -71,7 +71,8 @@ def evaluate(**options: Any) -> None:
     ``--cluster KIND:N,KIND:N`` evaluates a mix of device kinds (``--hetero pipeline|data``)."""
     as_json = options.pop("as_json")
     built = configuration(**options)
-    result = fmt.evaluation(built.breakdown, STEP_TERMS, {"model": built.model, "gpu": built.gpu, "plan": built.plan})
+    header = {"model": built.model, "gpu": built.gpu, "plan": built.plan}
+    result = fmt.evaluation(built.breakdown, STEP_TERMS, header, built.interval)
     result["stack"] = fmt.stack_summary(built.plan)
     if built.groups is not None:
         result["groups"] = built.groups

@@ -11,7 +11,14 @@ from hetersim.catalog import load_catalog
 from .app import app, positive, user_errors
 
 MAX_STEPS = 1_000_000  # gradient steps of one calibration
-VALIDATION_KEYS = ("n_runs", "mape_step_time_pct", "mape_step_time_pct_complete", "max_abs_error_pct", "per_source")
+VALIDATION_KEYS = (
+    "n_runs",
+    "coverage_pct",
+    "mape_step_time_pct",
+    "mape_step_time_pct_complete",
+    "max_abs_error_pct",
+    "per_source",
+)
 
 
 @app.command("validate")
@@ -73,6 +80,12 @@ def calibrate_cmd(
     cross_validate: bool = typer.Option(
         False, "--cross-validate", help="Leave one source out at a time: fit on the rest, report the held-out error."
     ),
+    intervals: bool = typer.Option(
+        False,
+        "--intervals",
+        help="Fit the 80% prediction intervals to the leave-one-source-out residuals "
+        "and write them (--out, default: the packaged intervals.toml).",
+    ),
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
     from hetersim.fit import calibration
@@ -80,6 +93,10 @@ def calibrate_cmd(
     positive("--steps", steps, hi=MAX_STEPS)
     if out is not None and not dry_run:
         atomic.check_target(out, "--out")
+    if intervals and cross_validate:
+        raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
+    if intervals:
+        return _intervals(runs, load_catalog(catalog_files), steps, out, dry_run, as_json)
     if cross_validate:
         cv = calibration.cross_validate(runs, load_catalog(catalog_files), steps=steps)
         if as_json:
@@ -104,3 +121,20 @@ def calibrate_cmd(
         typer.echo(fmt.dumps(summary))
     else:
         fmt.print_summary(fmt.console(), "Calibration", summary)
+
+
+def _intervals(runs: Path | None, catalog, steps: int, out: Path | None, dry_run: bool, as_json: bool) -> None:
+    """``calibrate --intervals``: fit, write (unless a dry run), print coverage and the numbers."""
+    from hetersim.fit import interval_fit
+    from hetersim.fit.intervals import intervals_path, write_intervals
+
+    result = interval_fit.fit_from_runs(runs, catalog, steps=steps)
+    summary = interval_fit.summary(result)
+    if not dry_run:
+        path = out or intervals_path()
+        write_intervals(path, result["model"], result["meta"])
+        summary["written"] = str(path)
+    if as_json:
+        typer.echo(fmt.dumps(summary))
+    else:
+        fmt.print_summary(fmt.console(), "Prediction intervals (leave-one-source-out residuals)", summary)

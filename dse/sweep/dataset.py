@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dse import atomic
-from dse.metrics import METRICS, cf_attrs
+from dse.metrics import INTERVALS, METRICS, cf_attrs
 from dse.provenance import history
 from dse.study import Study
 from dse.sweep.checkpoints import Checkpoints, package_versions
@@ -43,7 +43,7 @@ EXTRA_VARIABLES = {
 
 def variables() -> list[str]:
     """Data variables of a sweep dataset, in file order."""
-    return [*METRICS, *EXTRA_VARIABLES]
+    return [*METRICS, *INTERVALS, *EXTRA_VARIABLES]
 
 
 def write_dataset(
@@ -88,8 +88,8 @@ def define_config_variables(nc, space: Space, opts: Mapping[str, Any], extra_coo
         column_attrs(var, space, c)
     coord_names = " ".join((*COLUMNS, *extra_coords.split()))
     for name in variables():
-        if name in METRICS:
-            m = METRICS[name]
+        if name in METRICS or name in INTERVALS:
+            m = METRICS.get(name) or INTERVALS[name]
             var = nc.createVariable(name, m.dtype, ("config",), **opts)
             var.setncatts(cf_attrs(m.units, m.long_name))
             if name == "infeasible":

@@ -24,9 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dse.metrics import DERIVED, METRICS
+from dse.metrics import DERIVED, INTERVALS, METRICS
 from dse.sweep.space import columns_plan, digits
 from hetersim.cluster import ClusterSpec, simulate_cluster
+from hetersim.fit import intervals
 from hetersim.simulate import simulate
 from hetersim.specs import Calibration
 
@@ -97,14 +98,21 @@ def check_constraints(out: Any, kinds: Sequence[tuple[str, str]], limits: Any, d
     return Checks(bits=bits, relative=rel, total=total, cls=cls, feasible=feasible)
 
 
-def decode_chunk(start, tables: Mapping[str, Any], *, chunk: int) -> tuple[Any, Any, Any]:
-    """The batched (model, system, plan) specs of configurations ``start .. start+chunk-1``: the
-    flat indices decoded into per-factor rows with ``jnp`` gathers (indices past the end repeat
-    the last configuration)."""
+def decode_columns(start, tables: Mapping[str, Any], *, chunk: int) -> dict[str, Any]:
+    """The columns of configurations ``start .. start+chunk-1``: the flat indices decoded into
+    per-factor rows with ``jnp`` gathers (indices past the end repeat the last configuration)."""
     factors = tables["factors"]
     radices = [next(iter(t.values())).shape[0] for t in factors]
     idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
-    col = {c: t[c][d] for t, d in zip(factors, digits(idx, radices), strict=True) for c in t}
+    return {c: t[c][d] for t, d in zip(factors, digits(idx, radices), strict=True) for c in t}
+
+
+def decode_chunk(start, tables: Mapping[str, Any], *, chunk: int) -> tuple[Any, Any, Any]:
+    """The batched (model, system, plan) specs of configurations ``start .. start+chunk-1``."""
+    return specs_of(decode_columns(start, tables, chunk=chunk), tables)
+
+
+def specs_of(col: Mapping[str, Any], tables: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
     system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
     return model, system, columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
@@ -116,13 +124,29 @@ def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk:
     last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``."""
     global _TRACES
     _TRACES += 1  # runs at trace time only: counts compilations
-    model, system, plan = decode_chunk(start, tables, chunk=chunk)
+    col = decode_columns(start, tables, chunk=chunk)
+    model, system, plan = specs_of(col, tables)
     out = simulate_batch(model, system, plan, cal)
     checks = check_constraints(out, kinds, tables["limits"])
     result = {name: getattr(out, name) for name in METRICS}
+    result.update(step_time_interval(out.step_time_s, plan, col["gpu"], tables["interval"]))
     result["constraint_violation"] = checks.bits
     result["feasible"] = checks.feasible
     return result
+
+
+def step_time_interval(step_time_s, plan: Any, gpu, table: Mapping[str, Any]) -> dict[str, Any]:
+    """The 80% interval of each configuration's step time (:mod:`hetersim.fit.intervals`), from
+    its plan, its device's and its stack's rows of ``table`` (:func:`dse.sweep.space.interval_table`):
+    a few element-wise operations per configuration."""
+    flags = {
+        "device": table["device"][gpu],
+        "stack": table["stack"][plan.stack_code],
+        "long_context": jnp.where(plan.seq_len > table["max_seq_len"], 1.0, 0.0),
+        "offload": jnp.where(jnp.any(plan.offload_tier_code > 0, axis=-1), 1.0, 0.0),
+    }
+    low, high = intervals.bounds(table["params"], step_time_s, flags, xp=jnp)
+    return dict(zip(INTERVALS, (low, high), strict=True))
 
 
 def chunk_task(payload: tuple[Any, ...], index: int) -> tuple[int, dict[str, np.ndarray]]:

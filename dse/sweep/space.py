@@ -24,7 +24,9 @@ from dse.metrics import constraint_metric
 from dse.study import Study, fixed_plan
 from hetersim import build, planfields
 from hetersim.cluster import ClusterSpec, cluster_spec
+from hetersim.fit import intervals
 from hetersim.specs import ModelSpec, Plan, SystemSpec
+from hetersim.types import STACK
 
 DEFAULT_CHUNK = 16384  # fastest measured on the 2-core CPU (benchmarks/bench_sweep.py)
 MAX_CONFIGS = 2**31 - 1  # configurations are indexed by int32 inside the compiled function
@@ -117,6 +119,25 @@ class Space:
             "systems": jax.tree.map(np.asarray, self.systems),
             "fixed": self.fixed_arrays(),
             "limits": np.asarray(self.limits, np.float32).reshape(len(self.limits)),
+            "interval": self.interval_table(),
+        }
+
+    def interval_table(self, model: Any = None) -> dict[str, Any]:
+        """What :func:`dse.sweep.evaluate.step_time_interval` takes: the stored interval model's
+        numbers (:func:`hetersim.fit.intervals.params`) and, per code of the ``gpu`` column, its
+        device flag (a mix: flagged when any of its kinds is), and per code of the plan's
+        ``stack`` its stack flag."""
+        model = model if model is not None else intervals.load_intervals()
+        ev = model.evidence
+        kinds = {k: [k] for k in self.gpu_entries} if not self.clusters else {
+            label: [k for k, _ in groups] for label, groups in self.clusters.items()}  # fmt: skip
+        device = [max(intervals.device_flag(k, self.gpu_entries[k], ev) for k in ks) for ks in kinds.values()]
+        as32 = lambda tree: jax.tree.map(lambda v: np.float32(v), tree)  # noqa: E731
+        return {
+            "params": as32(intervals.params(model)),
+            "device": np.asarray(device, np.float32),
+            "stack": np.asarray([intervals.stack_flag(name, ev) for name in STACK], np.float32),
+            "max_seq_len": np.float32(ev.max_seq_len),
         }
 
     def coords(self, start: int, stop: int) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dse import atomic
-from dse.metrics import METRICS, cf_attrs
+from dse.metrics import INTERVALS, METRICS, cf_attrs
 from dse.pareto import pareto_mask
 from dse.study import Study
 from dse.sweep.dataset import (
@@ -112,7 +112,8 @@ class Reducer:
     def empty(self) -> StreamState:
         rows = {"index": np.zeros(0, np.int64)}
         for name in variables():
-            dtype = METRICS[name].dtype if name in METRICS else EXTRA_VARIABLES[name][1]
+            spec = METRICS.get(name) or INTERVALS.get(name)
+            dtype = spec.dtype if spec is not None else EXTRA_VARIABLES[name][1]
             rows[name] = np.zeros(0, np.dtype(dtype))
         return StreamState(
             rows=rows,

@@ -4,6 +4,8 @@
 * :mod:`~hetersim.fit.stacks`: software-stack facts matched to a run by its source;
 * :mod:`~hetersim.fit.validation`: predict every run in one vmapped call and report the error;
 * :mod:`~hetersim.fit.calibration`: the stored global constants and their fit by gradient descent;
+* :mod:`~hetersim.fit.intervals`: 80% prediction intervals of step time from held-out residuals
+  (:mod:`~hetersim.fit.interval_fit` fits them);
 * :mod:`~hetersim.fit.adam`: the Adam loop the fit and ``dse``'s hardware tuning share.
 
 The model itself (``hetersim.simulate`` and the specs it takes) never imports this package; this is
@@ -22,6 +24,7 @@ from .calibration import (
     source_weights,
     write_calibration,
 )
+from .intervals import IntervalModel, load_intervals
 from .runs import REQUIRED_COLUMNS, Row, default_runs_path, read_runs, row_inputs, source_label
 from .stacks import Stack, default_stacks_path, load_stacks, stack_for
 from .validation import Prepared, default_memory_path, predict, prepare, summarize, validate, validate_memory
@@ -30,6 +33,7 @@ __all__ = [
     "BOUNDS",
     "REQUIRED_COLUMNS",
     "AdamResult",
+    "IntervalModel",
     "Prepared",
     "Row",
     "Stack",
@@ -43,6 +47,7 @@ __all__ = [
     "default_stacks_path",
     "fit",
     "load_calibration",
+    "load_intervals",
     "load_stacks",
     "predict",
     "prepare",

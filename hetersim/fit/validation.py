@@ -97,7 +97,9 @@ def predict(prep: Prepared, cal: Calibration):
     return _predict(prep.models, prep.systems, prep.plans, cal)
 
 
-def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dict[str, Any]:
+def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs", intervals=None) -> dict[str, Any]:
+    """Every row predicted, with its error and 80% interval (``intervals``: an
+    :class:`~hetersim.fit.intervals.IntervalModel`, default the stored one)."""
     prep = prepare(rows, catalog, cal, path)
     out = predict(prep, cal)
     measured = prep.measured
@@ -105,6 +107,7 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dic
     flags = np.asarray(out.infeasible)
     feasible = flags == 0
     err = np.where(feasible, (pred - measured) / measured * 100.0, 100.0)
+    low, high = _interval(rows, catalog, pred, intervals)
     report_rows = []
     for i, row in enumerate(rows):
         report_rows.append(
@@ -118,6 +121,8 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dic
                 measured_from=prep.kinds[i],
                 measured_step_time_s=float(measured[i]),
                 predicted_step_time_s=float(pred[i]),
+                predicted_low_s=float(low[i]),
+                predicted_high_s=float(high[i]),
                 error_pct=float(err[i]),
                 feasible=bool(feasible[i]),
                 infeasible_code=int(flags[i]),
@@ -129,6 +134,14 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> dic
             )
         )
     return summarize(report_rows)
+
+
+def _interval(rows: Sequence[Row], catalog, pred: np.ndarray, model) -> tuple[np.ndarray, np.ndarray]:
+    """The 80% interval of each row's prediction, flagged against what the stored fit had."""
+    from . import intervals
+
+    model = model if model is not None else intervals.load_intervals()
+    return intervals.bounds(model, pred, intervals.row_flags(rows, catalog, model.evidence))
 
 
 def _layout(f: Mapping[str, str]) -> str:
@@ -148,10 +161,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for label in dict.fromkeys(r.get("stack_profile", "") for r in rows):
         e = np.array([abs(r["error_pct"]) for r in rows if r.get("stack_profile", "") == label])
         per_stack[label] = {"n": int(e.size), "mape_pct": float(e.mean()), "max_abs_error_pct": float(e.max())}
+    inside = [r["feasible"] and r["predicted_low_s"] <= r["measured_step_time_s"] <= r["predicted_high_s"]
+              for r in rows if "predicted_low_s" in r]  # fmt: skip
     return {
         "per_stack": per_stack,
         "n_runs": len(rows),
         "mape_step_time_pct": float(abs_err.mean()),
+        "coverage_pct": 100.0 * float(np.mean(inside)) if inside else float("nan"),
         "mape_step_time_pct_complete": float(abs_err[complete].mean()) if complete.any() else float("nan"),
         "n_complete": int(complete.sum()),
         "max_abs_error_pct": float(abs_err.max()),
