@@ -87,8 +87,8 @@ class Loss(Choice):
 # "torchtitan" torchtitan in eager mode, "torchtitan-compile" with torch.compile;
 # "deepspeed" DeepSpeed ZeRO and its pipeline engine (Megatron-DeepSpeed);
 # "fsdp" PyTorch FSDP / FSDP2 frameworks running eager Hugging Face-style modules
-# (HF Accelerate / Trainer, llm-foundry / Composer).
-StackName = Literal["megatron", "megatron-legacy", "torchtitan", "torchtitan-compile", "deepspeed", "fsdp"]
+# (HF Accelerate / Trainer, llm-foundry / Composer); "maxtext" JAX/MaxText on NVIDIA GPUs.
+StackName = Literal["megatron", "megatron-legacy", "torchtitan", "torchtitan-compile", "deepspeed", "fsdp", "maxtext"]
 
 
 class Stack(Choice):
@@ -98,6 +98,7 @@ class Stack(Choice):
     TORCHTITAN_COMPILE = 3
     DEEPSPEED = 4
     FSDP = 5
+    MAXTEXT = 6
 
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").

@@ -134,6 +134,7 @@ def test_leave_one_source_out_coverage_is_bounded(catalog):
     result = fit_from_runs(catalog=catalog, steps=300)
     meta = result["meta"]
     print(f"\n80% intervals: LOSO coverage {meta['coverage_loso_pct']}%, in-sample {meta['coverage_in_sample_pct']}%")
-    # Measured 75.6% LOSO (78.2% in-sample) on the 78 published runs, 2026-12-01.
+    # Measured 71.8% LOSO (80.8% in-sample) on the 78 published runs, 2026-12-01 (after the stack
+    # profiles and attention-by-shape terms; 75.6% / 78.2% before them).
     assert meta["coverage_loso_pct"] >= 70.0
     assert meta["coverage_in_sample_pct"] <= 90.0  # an 80% interval, not a blanket
