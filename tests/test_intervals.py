@@ -12,7 +12,7 @@ from hetersim.fit import intervals
 from hetersim.fit.intervals import FLAGS, Evidence, fit_intervals, load_intervals
 
 NONE = {f: 0.0 for f in FLAGS}
-EV = Evidence(frozenset({"h100-sxm-80gb"}), frozenset({"default"}), 8192.0)
+EV = Evidence(frozenset({"h100-sxm-80gb"}), frozenset({"megatron"}), 8192.0)
 
 
 def _synthetic(n=200, seed=0):
@@ -55,7 +55,7 @@ def test_bounds_always_contain_the_prediction():
 def test_stored_model_is_readable_and_unreadable_one_is_one_line(tmp_path):
     m = load_intervals()
     assert m.s0 > 0 and set(m.shift) == set(FLAGS)
-    assert "default" in m.evidence.stacks
+    assert "megatron" in m.evidence.stacks and "fsdp" not in m.evidence.stacks
     bad = tmp_path / "intervals.toml"
     bad.write_text("[base]\ncenter = 0.0\n")
     with pytest.raises(ValueError, match=r"intervals.toml: cannot read the interval model") as err:
