@@ -204,3 +204,18 @@ def test_a_stack_named_in_a_study_is_an_axis_of_the_sweep(tmp_path):
     named = open_results(path)
     by_stack = {s: float(named.sel(stack=s, tp=1)["step_time_s"].min()) for s in ("megatron", "torchtitan", "fsdp")}
     assert by_stack["megatron"] < by_stack["torchtitan"] and by_stack["megatron"] < by_stack["fsdp"]
+
+
+@pytest.mark.parametrize(
+    "setting, says",
+    [
+        ("measured_gemm_tflops_bf16=2000", "exceeds peak_tflops_bf16"),
+        ("measured_attn_tflops_fwd=0", "must be a positive number"),
+        ("host_cores=0", "must be a positive integer"),
+        ("host_simd=avx1024", "host_simd must be"),
+    ],
+)
+def test_a_measured_or_host_figure_out_of_range_is_one_line(setting, says):
+    result = CliRunner().invoke(app, [*EVAL, "--set", setting])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --set:") and says in result.output and result.output.count("\n") == 1
