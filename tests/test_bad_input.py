@@ -58,6 +58,8 @@ CASES = [
     ("dp-3-of-8", ev("--dp", "3"), ["--gpus 8", "--dp 3"]),
     ("pp-vp-do-not-split-layers", ev("--pp", "4", "--vp", "3"), ["--pp 4", "--vp 3", "32 layers"]),
     ("batch-not-multiple", ev("--micro-batch", "2", global_batch="60"), ["--global-batch"]),
+    ("layers-per-stage-without-cluster", ev("--layers-per-stage", "16"), ["--layers-per-stage", "--cluster"]),
+    ("study-min-above-max", ["sweep", "{tmp}/min_above_max.toml", "--out", "{tmp}"], ["constraints.min_mfu"]),
     # files that are folders, binary, or missing: the error names the file
     ("model-is-a-folder", ev(model="{tmp}/folder.json"), ["folder.json", "folder"]),
     ("model-binary", ev(model="{tmp}/binary.json"), ["binary.json"]),
@@ -93,6 +95,12 @@ def prepared(tmp: Path) -> Path:
     (tmp / "folder.nc").mkdir()
     for name in ("binary.json", "binary.toml", "binary.csv"):
         (tmp / name).write_bytes(b"\x00\xff\xfe\x80 not text \x81\x00")
+    study = (
+        (ROOT / "studies" / "cxl_offload_none.toml")
+        .read_text()
+        .replace("[constraints]\n", "[constraints]\nmin_mfu = 0.6\nmax_mfu = 0.4\n", 1)
+    )
+    (tmp / "min_above_max.toml").write_text(study)
     readonly = tmp / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)
