@@ -68,6 +68,8 @@ CASES = [
     ("study-binary", ["sweep", "{tmp}/binary.toml", "--out", "{tmp}"], ["study file", "binary.toml"]),
     ("study-is-a-folder", ["sweep", "{tmp}/folder.json", "--out", "{tmp}"], ["study file", "folder.json"]),
     ("runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"]),
+    ("journal-binary", ["optimize", SEARCH, "--storage", "{tmp}/binary.journal", "--out", "{tmp}"], ["binary.journal"]),
+    ("journal-not-json", ["optimize", SEARCH, "--storage", "{tmp}/file", "--out", "{tmp}"], ["--storage", "journal"]),
     ("report-binary", ["report", "{tmp}/binary.toml", "--out", "{tmp}/report"], ["binary.toml"]),
     ("report-missing", ["report", "{tmp}/missing.nc", "--out", "{tmp}/report"], ["missing.nc"]),
     # output locations, checked before the work
@@ -93,7 +95,7 @@ def prepared(tmp: Path) -> Path:
     (tmp / "file").write_text("a file, not a folder\n")
     (tmp / "folder.json").mkdir()
     (tmp / "folder.nc").mkdir()
-    for name in ("binary.json", "binary.toml", "binary.csv"):
+    for name in ("binary.json", "binary.toml", "binary.csv", "binary.journal"):
         (tmp / name).write_bytes(b"\x00\xff\xfe\x80 not text \x81\x00")
     study = (
         (ROOT / "studies" / "cxl_offload_none.toml")
