@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dse import hw_params
-from dse.metrics import METRICS, constraint_metric
+from dse.metrics import METRICS
 from dse.study import Study, read_study_text, study_from_mapping
 
 SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW", "mix")
@@ -253,7 +253,6 @@ def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -
     max_power = None
     if "max_power_kW" in search:
         max_power = _positive(origin, "search.max_power_kW", search["max_power_kW"])
-    _check_constraints(origin, study.constraints)
     return SearchSpace(
         study=study, text=text, origin=origin, outer=tuple(outer), price=price, max_power_kW=max_power, mix=mix
     )
@@ -501,21 +500,6 @@ def _price(origin: str, table: Any, overrides: set[str]) -> dict[str, float]:
             raise _err(origin, f"search.price.{key}", f"must be a number (USD per GPU-hour per unit); got {value!r}")
         out[key] = float(value)
     return out
-
-
-def _check_constraints(origin: str, constraints: Mapping[str, float]) -> None:
-    """``min_X`` above ``max_X`` can never hold: a one-line error rather than an empty search."""
-    for key, low in constraints.items():
-        found = constraint_metric(key)
-        if found is None or found[1] != "min":
-            continue
-        high = constraints.get(f"max_{found[0]}")
-        if high is not None and low > high:
-            raise _err(
-                origin,
-                f"constraints.{key}",
-                f"{low} is above constraints.max_{found[0]} ({high}); no configuration can meet both",
-            )
 
 
 __all__ = ["MixSearch", "OuterParam", "SearchSpace", "load_search", "parse_search"]

@@ -496,6 +496,12 @@ def _constraints(origin: str, table: Mapping[str, Any]) -> dict[str, float]:
         if metric == "hbm_frac" and v > 1.0:
             raise _err(origin, f"constraints.{key}", f"must be in (0, 1]; got {value!r}")
         out[key] = v
+    for key, low in out.items():
+        metric, sense = constraint_metric(key)  # type: ignore[misc]
+        high = out.get(f"max_{metric}")
+        if sense == "min" and high is not None and low > high:
+            message = f"{low:g} is above constraints.max_{metric} ({high:g}); no configuration can meet both"
+            raise _err(origin, f"constraints.{key}", message)
     return out
 
 

@@ -144,6 +144,9 @@ def configure(
     cat = catalog if isinstance(catalog, Catalog) else load_catalog(list(catalog))
     model_label, model_entry = _model(cat, model)
     gpu_label, gpu_entry, groups = _hardware(cat, gpu, cluster, plan.get("n_gpus"), overrides)
+    if layers_per_stage and groups is None:
+        raise FieldError("{0} sets the layers of each {1} group; give {1} KIND:N,KIND:N or leave it out",
+                         "layers_per_stage", "cluster")  # fmt: skip
     if plan.get("seq_len") is None:
         plan["seq_len"] = int(model_entry.get("seq_len", DEFAULT_SEQ_LEN))
     plan_s = build.plan_spec(**plan)
@@ -224,11 +227,14 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         )
     if gb % (mb * dp):
         raise FieldError(f"{{0}} {gb} is not a multiple of {{1}} x dp = {mb} x {dp}", "global_batch", "micro_batch")
+    from .simulate import layers_split_for_interleaving
+
     layers = int(model.get("layers", 0) or 0)
-    if vp > 1 and layers and layers % (pp * vp):
+    if vp > 1 and layers and not bool(layers_split_for_interleaving(layers, pp * vp)):
         raise FieldError(
             f"{{0}} {pp} and {{1}} {vp} do not split the model's {layers} layers into equal chunks "
-            f"(interleaving needs layers divisible by pp*vp = {pp * vp})",
+            f"(interleaving needs layers, layers+1 or layers+2 divisible by pp*vp = {pp * vp}: "
+            "Megatron-LM may count the embedding and the loss as one layer each)",
             "pp",
             "vp",
         )

@@ -23,17 +23,19 @@ def spec(cls: type[T]) -> type[T]:
     return jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
 
 
-def as_arrays(obj: T, dtype: Any = jnp.float32) -> T:
-    """Return ``obj`` with every leaf converted to a JAX array.
+def as_arrays(obj: T, dtype: Any = jnp.float32, xp: Any = jnp) -> T:
+    """Return ``obj`` with every leaf converted to a JAX array (``xp=numpy``: a NumPy array).
 
     Floating leaves take ``dtype``; integer-coded leaves (names ending in ``_code``) stay int32.
+    NumPy leaves are for host-side batches: many specs stacked with ``numpy.stack`` cost one
+    transfer per leaf, where stacking JAX arrays costs a dispatch per row and leaf.
     """
 
     def conv(path, leaf):
         name = getattr(path[-1], "name", "")
         if name.endswith("_code"):
-            return jnp.asarray(leaf, dtype=jnp.int32)
-        return jnp.asarray(leaf, dtype=dtype)
+            return xp.asarray(leaf, dtype=xp.int32)
+        return xp.asarray(leaf, dtype=dtype)
 
     return jax.tree_util.tree_map_with_path(conv, obj)
 

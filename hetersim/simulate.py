@@ -102,14 +102,29 @@ def layer_time(lc: LayerCosts) -> Any:
     return lc.layer_f + lc.layer_b + lc.recomp + lc.tp_f + lc.tp_b + lc.cp_f + lc.cp_b
 
 
+def layers_split_for_interleaving(layers, chunks):
+    """Whether ``chunks = pp*vp`` model chunks of equal size hold the layers, with the embedding
+    and the loss each counted as one layer or not: Megatron-LM's interleaved schedule needs the
+    layers per pipeline rank (the embedding and loss added under
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)
+    divisible by vp (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build``
+    @ d98e8a64dd). So LLaMA-3-405B's 126 layers run as pp8 vp8 (128 = 8 x 8 x 2) and 32 layers
+    cannot run as pp4 vp3."""
+    return ~(_not_multiple(layers, chunks) & _not_multiple(layers + 1.0, chunks) & _not_multiple(layers + 2.0, chunks))
+
+
 def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> Any:
     """Bits of the layout rules (counts that must divide, a schedule that must exist)."""
     dev = system.device
     f = _flag(jnp.abs(plan.tp * plan.pp * plan.dp * plan.cp - plan.n_gpus) > 0.5, Infeasible.GPU_COUNT)
     f |= _flag(_not_multiple(plan.global_batch, plan.micro_batch * plan.dp), Infeasible.BATCH_DIVIDE)
-    # Megatron and torchtitan both split layers unevenly when they do not divide; only a stage
-    # chunk with no layer at all is impossible.
+    # A stage chunk with no layer at all is impossible. One-chunk stages may split the layers
+    # unevenly (Megatron's decoder_first/last_pipeline_num_layers, torchtitan); an interleaved
+    # schedule needs layers_split_for_interleaving.
     f |= _flag(model.layers < plan.pp * plan.vp, Infeasible.LAYERS_DIVIDE)
+    f |= _flag(
+        (plan.vp > 1) & ~layers_split_for_interleaving(model.layers, plan.pp * plan.vp), Infeasible.LAYERS_DIVIDE
+    )
     f |= _flag(_not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
     f |= _flag(
         _not_multiple(model.hidden, plan.tp) | _not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE

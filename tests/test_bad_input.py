@@ -58,6 +58,8 @@ CASES = [
     ("dp-3-of-8", ev("--dp", "3"), ["--gpus 8", "--dp 3"]),
     ("pp-vp-do-not-split-layers", ev("--pp", "4", "--vp", "3"), ["--pp 4", "--vp 3", "32 layers"]),
     ("batch-not-multiple", ev("--micro-batch", "2", global_batch="60"), ["--global-batch"]),
+    ("layers-per-stage-without-cluster", ev("--layers-per-stage", "16"), ["--layers-per-stage", "--cluster"]),
+    ("study-min-above-max", ["sweep", "{tmp}/min_above_max.toml", "--out", "{tmp}"], ["constraints.min_mfu"]),
     # files that are folders, binary, or missing: the error names the file
     ("model-is-a-folder", ev(model="{tmp}/folder.json"), ["folder.json", "folder"]),
     ("model-binary", ev(model="{tmp}/binary.json"), ["binary.json"]),
@@ -66,6 +68,8 @@ CASES = [
     ("study-binary", ["sweep", "{tmp}/binary.toml", "--out", "{tmp}"], ["study file", "binary.toml"]),
     ("study-is-a-folder", ["sweep", "{tmp}/folder.json", "--out", "{tmp}"], ["study file", "folder.json"]),
     ("runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"]),
+    ("journal-binary", ["optimize", SEARCH, "--storage", "{tmp}/binary.journal", "--out", "{tmp}"], ["binary.journal"]),
+    ("journal-not-json", ["optimize", SEARCH, "--storage", "{tmp}/file", "--out", "{tmp}"], ["--storage", "journal"]),
     ("report-binary", ["report", "{tmp}/binary.toml", "--out", "{tmp}/report"], ["binary.toml"]),
     ("report-missing", ["report", "{tmp}/missing.nc", "--out", "{tmp}/report"], ["missing.nc"]),
     # output locations, checked before the work
@@ -93,8 +97,14 @@ def prepared(tmp: Path) -> Path:
     (tmp / "file").write_text("a file, not a folder\n")
     (tmp / "folder.json").mkdir()
     (tmp / "folder.nc").mkdir()
-    for name in ("binary.json", "binary.toml", "binary.csv"):
+    for name in ("binary.json", "binary.toml", "binary.csv", "binary.journal"):
         (tmp / name).write_bytes(b"\x00\xff\xfe\x80 not text \x81\x00")
+    study = (
+        (ROOT / "studies" / "cxl_offload_none.toml")
+        .read_text()
+        .replace("[constraints]\n", "[constraints]\nmin_mfu = 0.6\nmax_mfu = 0.4\n", 1)
+    )
+    (tmp / "min_above_max.toml").write_text(study)
     readonly = tmp / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)

@@ -181,3 +181,34 @@ def test_gradients_are_finite_and_match_finite_differences(catalog, cal, field):
         analytic = float(np.sum(np.asarray(jax.grad(step64)(x64)) * d))
     assert analytic == pytest.approx(float(fd), rel=1e-3, abs=1e-9)
     assert float(np.sum(np.asarray(g) * d)) == pytest.approx(analytic, rel=1e-2, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "layers, pp, vp, runs",
+    [
+        (32, 4, 2, True),  # 32 = 4 x 2 x 4
+        (32, 4, 3, False),  # 32, 33, 34 are no multiples of 12
+        (126, 8, 8, True),  # LLaMA-3-405B as NVIDIA runs it: 126 + embedding + loss = 128 = 8 x 8 x 2
+        (95, 4, 2, True),  # 95 + 1 = 96: the embedding counted as a layer
+        (30, 4, 1, True),  # one chunk per stage may split unevenly (Megatron's first/last-stage layers)
+        (7, 4, 2, False),  # fewer layers than chunks
+    ],
+)
+def test_interleaving_rule_of_the_model_and_of_the_front_door_agree(catalog, cal, layers, pp, vp, runs):
+    """Megatron-LM's interleaved split (megatron/core/transformer/transformer_block.py
+    get_num_layers_to_build @ d98e8a64dd): layers per pipeline rank, the embedding and the loss
+    optionally counted as one layer each, divisible by vp. The model flags what the one-line
+    check of :func:`hetersim.api.check_layout` refuses, and nothing else."""
+    from hetersim.api import check_layout
+    from hetersim.types import FieldError
+
+    entry = dict(catalog.model("llama2-7b"), layers=layers)
+    opts = dict(n_gpus=8 * pp, tp=8, pp=pp, vp=vp, global_batch=64 * pp, micro_batch=1, seq_len=4096)
+    out = simulate(build.model_spec(entry), build.system_spec(catalog.gpu("h100-sxm-80gb"), catalog.links),
+                   build.plan_spec(**opts), cal)  # fmt: skip
+    assert bool(int(out.infeasible) & Infeasible.LAYERS_DIVIDE) == (not runs)
+    if runs or layers < pp * vp:  # too few layers is the model's flag alone (a sweep's data)
+        check_layout(entry, opts, opts)
+    else:
+        with pytest.raises(FieldError, match="divisible by pp\\*vp"):
+            check_layout(entry, opts, opts)

@@ -12,6 +12,8 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperGroup
 
+from .interrupt import INTERRUPTED_EXIT, Interrupted, exit_now, interrupted, sigint_guard
+
 try:  # typer >= 0.2x vendors click; its exceptions are its own classes
     from typer._click import exceptions as click
 except ImportError:  # pragma: no cover - a typer that uses the click package
@@ -25,7 +27,8 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with sigint_guard():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.NoArgsIsHelpError as error:
             if not standalone_mode:
                 raise
@@ -43,6 +46,16 @@ class OneLineErrors(TyperGroup):
                 raise
             typer.echo("error: aborted", err=True)
             sys.exit(1)
+        except (KeyboardInterrupt, Interrupted) as error:  # Interrupted: a command kept its work and said so
+            if not standalone_mode:
+                raise
+            message = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
+            if message:
+                typer.echo(message, err=True)
+            exit_now(INTERRUPTED_EXIT)
+        if rv == INTERRUPTED_EXIT and interrupted() and standalone_mode:  # typer's exit for a KeyboardInterrupt
+            typer.echo("interrupted", err=True)
+            exit_now(INTERRUPTED_EXIT)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv

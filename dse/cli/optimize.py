@@ -18,9 +18,8 @@ from dse import format as fmt
 from hetersim import planfields
 from hetersim.units import DAY
 
-from .app import app, positive, user_errors
+from .app import Interrupted, app, positive, user_errors
 
-INTERRUPTED_EXIT = 130
 MAX_TRIALS = 10**7  # trials a study may hold
 MAX_BATCH = 1 << 16  # trials asked and solved in one vectorized call
 PARETO_ROWS = 10
@@ -60,7 +59,7 @@ def optimize_command(
             progress=not json_out,
         )
     except KeyboardInterrupt:
-        raise SystemExit(INTERRUPTED_EXIT) from None
+        raise Interrupted("interrupted: the search stopped; its trials in flight are marked failed") from None
     if json_out:
         print(fmt.dumps(summary))
     else:

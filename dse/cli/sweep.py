@@ -19,9 +19,9 @@ from dse import format as fmt
 from hetersim import planfields
 from hetersim.units import DAY
 
-from .app import app, positive, user_errors
+from . import interrupt
+from .app import Interrupted, app, positive, user_errors
 
-INTERRUPTED_EXIT = 130
 MAX_CHUNK = 1 << 22  # configurations per compiled batch: ~4M rows already need GiBs of device memory
 MAX_CONFIGS = 2**31 - 1  # bench: configurations to evaluate (indexed by int32, as in a sweep)
 MAX_TOP_K = 10**6  # configurations kept per objective by a streamed sweep
@@ -41,8 +41,10 @@ def sweep_command(
     print its size, feasible count, wall time and the best configuration per objective.
     ``stream``/``top_k``: see :func:`dse.sweep.run_sweep` (None: its defaults)."""
     from dse.sweep import DEFAULT_TOP_K, run_sweep, summarize
+    from dse.sweep.run import SweepInterrupted
 
     t0 = time.perf_counter()
+    interrupt.note("the chunks finished so far are kept; run the same command again to resume")
     try:
         path = run_sweep(
             study,
@@ -54,8 +56,10 @@ def sweep_command(
             stream=stream,
             top_k=DEFAULT_TOP_K if top_k is None else top_k,
         )
+    except SweepInterrupted:
+        raise Interrupted() from None  # run_sweep has said what it kept
     except KeyboardInterrupt:
-        raise SystemExit(INTERRUPTED_EXIT) from None
+        raise Interrupted("interrupted") from None
     summary = summarize(path)
     summary["wall_s"] = time.perf_counter() - t0
     if json_out:

@@ -229,7 +229,10 @@ def run_optimize(
     seed = worker_seed(seed, storage)
     sampler_obj = make_sampler(sampler, space, seed)
     solver = InnerSolver(space, batch=batch, cal=cal)
-    study = open_study(space, open_storage(storage), name, sampler_obj)
+    try:
+        study = open_study(space, open_storage(storage), name, sampler_obj)
+    except AssertionError:  # optuna's journal replay met records it cannot place
+        raise ValueError(f"--storage {storage}: not an Optuna journal file (its records cannot be replayed)") from None
     _enqueue_corners(study, space, sampler_obj, trials, batch)
 
     t0 = time.perf_counter()

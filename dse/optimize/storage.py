@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
@@ -100,6 +101,26 @@ def check_storage(storage: str | None) -> None:
         raise ValueError(f"--storage {storage}: folder {parent} does not exist")
     if Path(storage).is_dir():
         raise ValueError(f"--storage {storage}: is a folder; give a journal file path")
+    _check_journal(Path(storage).expanduser(), storage)
+
+
+def _check_journal(path: Path, storage: str) -> None:
+    """An existing journal must be Optuna's, one JSON record a line, before anything is appended
+    to it: optuna replays a foreign file with an assertion error, or after appending to it. A last
+    line that opens a record without its newline is one another worker is writing: left to the replay."""
+    if not path.is_file():
+        return
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n") and raw.lstrip().startswith(b"{"):
+                break
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict) or "op_code" not in record:
+                message = f"not an Optuna journal file (line {number} is no journal record)"
+                raise ValueError(f"--storage {storage}: {message}")
 
 
 def open_storage(storage: str | None):
@@ -118,7 +139,11 @@ def open_storage(storage: str | None):
         except Exception as error:  # sqlalchemy's errors: bad URL, cannot connect, missing driver
             line = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ValueError(f"--storage {redact(storage)}: cannot open ({line})") from None
-    return optuna.storages.JournalStorage(JournalFileBackend(str(Path(storage).expanduser())))
+    try:  # the journal is replayed here: a damaged or foreign file fails now, named
+        return optuna.storages.JournalStorage(JournalFileBackend(str(Path(storage).expanduser())))
+    except (ValueError, UnicodeDecodeError) as error:  # json's errors are ValueErrors
+        line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"--storage {storage}: not an Optuna journal file ({line})") from None
 
 
 def worker_id() -> str:

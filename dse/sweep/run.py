@@ -96,12 +96,17 @@ def run_sweep(
         n_done = sink.interrupted()
         console.print(
             f"interrupted: {n_done} of {job.n_chunks} chunks kept in {sink.ckpt.folder}; "
-            "run the same command again to resume"
+            "run the same command again to resume",
+            soft_wrap=True,  # one line, whatever the terminal's width
         )
-        raise
+        raise SweepInterrupted from None
     sink.write()
     sink.ckpt.clear()
     return job.path
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the chunks, after the finished ones were kept and the user was told."""
 
 
 def check_output(path: Path) -> None:

@@ -197,8 +197,9 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     return "flash"
 
 
-def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs") -> tuple[float, str]:
-    """The row's measured step time and how it was obtained ("step", "tokens" or "mfu")."""
+def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs", model=None) -> tuple[float, str]:
+    """The row's measured step time and how it was obtained ("step", "tokens" or "mfu");
+    ``model`` is the row's model spec where the caller has built it."""
     st = _num(path, row, "measured_step_time_s", integer=False, optional=True)
     if st:
         return st, "step"
@@ -209,7 +210,7 @@ def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs") -> tupl
         return tokens / (tps * plan["n_gpus"]), "tokens"
     mfu = _num(path, row, "measured_mfu", integer=False, optional=True)
     if mfu:
-        model = build.model_spec(inputs["model"])
+        model = build.model_spec(inputs["model"]) if model is None else model
         full = plan["recompute"] == "full" and row.fields["flops_accounting"].strip() == "hardware"
         flops = float(megatron_flops_per_token(model, plan["seq_len"], full)) * tokens
         peak = float(inputs["gpu"]["peak_tflops_bf16"]) * TFLOP

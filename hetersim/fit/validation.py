@@ -22,6 +22,7 @@ import numpy as np
 from .. import build, planfields
 from ..simulate import simulate
 from ..specs import Calibration
+from ..specs.plan import host_plan
 from .runs import (
     Row,
     candidates,
@@ -35,14 +36,50 @@ from .runs import (
     source_label,
 )
 
+# Rows are evaluated in batches of this many (the last one padded with copies of its last row),
+# so one compiled function serves a runs file of any length and the candidate plans as well.
+BATCH = 256
+
 
 def _stack(xs):
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *xs)
 
 
 @jax.jit
-def _predict(models, systems, plans, cal: Calibration):
+def _predict_batch(models, systems, plans, cal: Calibration):
     return jax.vmap(simulate, in_axes=(0, 0, 0, None))(models, systems, plans, cal)
+
+
+def _predict(models, systems, plans, cal: Calibration):
+    """The breakdown of every row of stacked specs, in padded batches of :data:`BATCH` rows."""
+    n = len(jax.tree.leaves(plans)[0])
+    outs = []
+    for start in range(0, n, BATCH):
+        idx = np.minimum(np.arange(start, start + BATCH), n - 1)
+        batch = jax.tree.map(lambda a, idx=idx: a[idx], (models, systems, plans))
+        outs.append(_predict_batch(*batch, cal))
+    return jax.tree.map(lambda *parts: jnp.concatenate(parts)[:n], *outs)
+
+
+class _Distinct:
+    """The distinct specs of a batch, each built once (host side, NumPy leaves), and which one
+    each row uses: runs files repeat a few models and GPUs over many rows."""
+
+    def __init__(self):
+        self.index: dict[Any, int] = {}
+        self.specs: list[Any] = []
+        self.owner: list[int] = []
+
+    def add(self, key, make, *args) -> Any:
+        if key not in self.index:
+            self.index[key] = len(self.specs)
+            self.specs.append(jax.tree.map(np.asarray, make(*args)))
+        self.owner.append(self.index[key])
+        return self.specs[self.index[key]]
+
+    def stacked(self, rows) -> Any:
+        idx = np.asarray(self.owner)[np.asarray(rows, dtype=int)]
+        return jax.tree.map(lambda a: a[idx], _stack(self.specs))
 
 
 @dataclasses.dataclass
@@ -58,28 +95,28 @@ class Prepared:
 
 def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prepared:
     """Specs of every row (with assumed values substituted where the row cannot run as written)."""
-    flat_m, flat_s, flat_p, owner, plans_raw = [], [], [], [], []
+    models, systems = _Distinct(), _Distinct()
+    flat_p, owner, plans_raw = [], [], []
     measured, kinds, devices = [], [], []
     for i, row in enumerate(rows):
         inp = row_inputs(row, catalog, path)
-        model = build.model_spec(inp["model"])
+        model = models.add(tuple(sorted(inp["model"].items())), build.model_spec, inp["model"])
         devices.append(cxl_defaults(inp))
-        system = row_system(row, inp, catalog, path, devices[-1])
+        key = (row.fields["gpu"].strip(), inp["scaleup_domain"], tuple(sorted(devices[-1].items())))
+        systems.add(key, row_system, row, inp, catalog, path, devices[-1])
         for cand in candidates(row, inp):
             try:
-                flat_p.append(build.plan_spec(**cand))
+                flat_p.append(host_plan(**cand))
             except ValueError as e:
                 raise ValueError(f"{path}: row {row.id}: {e}") from None
-            flat_m.append(model)
-            flat_s.append(system)
             owner.append(i)
             plans_raw.append(cand)
-        st, kind = measured_step_time(row, inp, path)
+        st, kind = measured_step_time(row, inp, path, model)
         measured.append(st)
         kinds.append(kind)
-    models, systems, plans = _stack(flat_m), _stack(flat_s), _stack(flat_p)
-    flags = np.asarray(_predict(models, systems, plans, cal).infeasible)
     owner = np.array(owner)
+    plans = _stack(flat_p)
+    flags = np.asarray(_predict(models.stacked(owner), systems.stacked(owner), plans, cal).infeasible)
     pick, substituted = [], []
     for i in range(len(rows)):
         idx = np.flatnonzero(owner == i)
@@ -89,8 +126,11 @@ def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prep
         changed = [f"{k}={v}" for k, v in plans_raw[j].items() if plans_raw[int(idx[0])][k] != v]
         changed += [f"{k}={v}" for k, v in devices[i].items()]
         substituted.append(",".join(changed))
-    take = lambda tree: jax.tree.map(lambda a: a[np.array(pick)], tree)  # noqa: E731
-    return Prepared(list(rows), take(models), take(systems), take(plans), np.array(measured), kinds, substituted)
+    every = np.arange(len(rows))
+    plans = jax.tree.map(lambda a: a[np.array(pick)], plans)
+    return Prepared(
+        list(rows), models.stacked(every), systems.stacked(every), plans, np.array(measured), kinds, substituted
+    )
 
 
 def predict(prep: Prepared, cal: Calibration):

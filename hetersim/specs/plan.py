@@ -35,8 +35,13 @@ def plan_spec(**options: Any) -> Plan:
     a state (``optimizer``, ``grads``, ``params``, ``activations``) to a tier (``host-dram``,
     ``cxl-expander``, ``cxl-pool``). A bad value is a one-line ``ValueError`` naming the field.
     """
+    return as_arrays(host_plan(**options))
+
+
+def host_plan(**options: Any) -> Plan:
+    """:func:`plan_spec` with NumPy leaves (same dtypes), for stacking many plans on the host."""
     values = resolve(options)
-    return as_arrays(Plan(**{f.leaf: leaf_value(f, values[f.name]) for f in FIELDS}))
+    return as_arrays(Plan(**{f.leaf: leaf_value(f, values[f.name]) for f in FIELDS}), np.float32, np)
 
 
 def plan_options(plan: Any) -> dict[str, Any]:
