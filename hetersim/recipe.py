@@ -4,9 +4,9 @@ model and a plan.
 :func:`read_recipe` returns ``{"model": {...}, "plan": {...}}`` keyed by this project's names
 (``model_from_dims``'s arguments; :mod:`hetersim.planfields` fields), holding only what the file
 says. Keys that change the answer and that the model cannot express (mixture-of-experts,
-recomputing only some layers, a head width other than ``hidden / heads``, unresolved ``${...}``
-interpolations) are one-line errors naming the file and key; keys with no bearing on the cost
-(learning rates, data paths, logging) are ignored.
+recomputing only some layers, unresolved ``${...}`` interpolations) are one-line errors naming
+the file and key; keys with no bearing on the cost (learning rates, data paths, logging) are
+ignored. ``kv_channels`` / ``--kv-channels`` is the head width (``head_dim``).
 
 Formats, with where their keys are defined:
 
@@ -46,6 +46,7 @@ MEGATRON_MODEL_FLAGS = {
     "kv_heads": "--num-query-groups",
     "ffn_hidden": "--ffn-hidden-size",
     "vocab": "--vocab-size",
+    "head_dim": "--kv-channels",
 }
 
 # NeMo ``model.*`` keys -> plan fields / model dimensions (NeMo-Framework-Launcher training configs).
@@ -66,6 +67,7 @@ NEMO_MODEL_KEYS = {
     "num_attention_heads": "heads",
     "num_query_groups": "kv_heads",
     "ffn_hidden_size": "ffn_hidden",
+    "kv_channels": "head_dim",
     "vocab_size": "vocab",  # Megatron-Bridge's model provider; NeMo launcher configs name a tokenizer instead
 }
 # NeMo ``model.activation`` -> MLP kind: a gated MLP (three matrices) for every *GLU.
@@ -216,20 +218,7 @@ def _nemo_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
         model["tied_embeddings"] = _value(
             origin, "model.share_embeddings_and_output_weights", m["share_embeddings_and_output_weights"], "bool"
         )
-    _check_head_width(model, m.get("kv_channels"), origin, "model.kv_channels")
     return model
-
-
-def _check_head_width(model: dict[str, Any], kv_channels: Any, origin: str, key: str) -> None:
-    if kv_channels is None or "hidden" not in model or "heads" not in model:
-        return
-    if kv_channels * model["heads"] != model["hidden"]:
-        raise _fail(
-            origin,
-            key,
-            f"{kv_channels} per head x {model['heads']} heads != hidden {model['hidden']}: "
-            "a head width other than hidden/heads is not modelled",
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,6 +303,4 @@ def _megatron_model(args: dict[str, str | None], origin: str) -> dict[str, Any]:
     if model:
         model["mlp"] = "gated" if "--swiglu" in args else "plain"
         model["tied_embeddings"] = "--untie-embeddings-and-output-weights" not in args
-    if "--kv-channels" in args:
-        _check_head_width(model, _int_arg(origin, "--kv-channels", args["--kv-channels"]), origin, "--kv-channels")
     return model

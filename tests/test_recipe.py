@@ -154,10 +154,7 @@ def test_every_alias_and_switch_is_a_cli_option():
             "model:\n  activations_checkpoint_granularity: full\n  activations_checkpoint_method: block\n",
             ["model.activations_checkpoint_method", "block"],
         ),
-        (
-            "model:\n  hidden_size: 4096\n  num_attention_heads: 32\n  kv_channels: 256\n",
-            ["model.kv_channels", "head width"],
-        ),
+        ("model:\n  kv_channels: 2.5\n", ["model.kv_channels", "positive integer"]),
         ("model:\n  activation: mish\n", ["model.activation", "fast-swiglu"]),
         ("trainer:\n  precision: 8\nmodel: {}\n", ["trainer.precision", "bf16-mixed"]),
         ("model: [1, 2\n", ["not valid YAML"]),
@@ -196,3 +193,17 @@ def test_a_recipe_model_needs_a_vocabulary(tmp_path):
     recipe = tmp_path / "novocab.yaml"
     recipe.write_text(NEMO_YAML)
     assert_user_error(run(["evaluate", "--gpu", "h100-sxm-80gb", "--recipe", recipe]), "--vocab")
+
+
+def test_kv_channels_is_the_head_width(tmp_path):
+    """Gemma-7B by Megatron's flags (--kv-channels 256, its head width) counts the parameters its
+    Hugging Face config does (tests/test_hf_config.py: 8.54B)."""
+    from tests.test_hf_config import GEMMA_7B, write
+
+    base = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "8192"]
+    hf = run_json([*base, "--model", write(tmp_path / "gemma", GEMMA_7B)])
+    dims = "--num-layers 28 --hidden-size 3072 --num-attention-heads 16 --ffn-hidden-size 24576 --vocab 256000"
+    flags = run_json([*base, *dims.split(), "--kv-channels", "256"])
+    native = run_json([*base, *dims.split(), "--head-dim", "256"])
+    # The HF config ties the embeddings (Gemma does); by dimensions they are untied: one V*h apart.
+    assert flags["params"] == native["params"] == hf["params"] + 256000 * 3072

@@ -39,6 +39,7 @@ def configuration(
     kv_heads=None,
     ffn_hidden=None,
     vocab=None,
+    head_dim=None,
     mlp=None,
     tied_embeddings=None,
     **rest,
@@ -57,6 +58,7 @@ def configuration(
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
+    dims["head_dim"] = head_dim
     dims = {k: v for k, v in {**dims, "mlp": mlp, "tied_embeddings": tied_embeddings}.items() if v is not None}
     check_model(catalog, model, dims)
     try:

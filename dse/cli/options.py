@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from hetersim.api import FROM_MODEL
-from hetersim.catalog import model_from_dims, model_from_hf_config
+from hetersim.catalog import hf_config_path, model_from_dims, model_from_hf_config
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
 from hetersim.recipe import MEGATRON_MODEL_FLAGS
 from hetersim.types import FieldError
@@ -67,8 +67,8 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")
-        if model.endswith(".json") or Path(model).is_file():
-            return model, model_from_hf_config(model)
+        if hf_config_path(model) is not None:
+            return model, model_from_hf_config(hf_config_path(model))
         return model, catalog.model(model)
     if not given:
         raise ValueError("give --model KEY|config.json, or the model's dimensions (--layers, --hidden, --heads, ...)")
@@ -186,6 +186,7 @@ MODEL_OPTIONS = {
     "kv_heads": _model_option("kv_heads", "Model by dimensions: KV heads (default: heads)."),
     "ffn_hidden": _model_option("ffn_hidden", "Model by dimensions: FFN width."),
     "vocab": _model_option("vocab", "Model by dimensions: vocabulary (default: 32000)."),
+    "head_dim": _model_option("head_dim", "Model by dimensions: width of one attention head (default: hidden/heads)."),
     "mlp": (str | None, typer.Option(None, "--mlp", help="Model by dimensions: gated|plain (default: gated).")),
 }
 

@@ -19,7 +19,7 @@ from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
 from ..types import Attention, Loss, Precision
 from ..units import GB, TFLOP, US
 from ._safe import safe_div
-from .flops import kv_ratio, n_mlp_matrices
+from .flops import kv_width, n_mlp_matrices, q_width
 
 
 def act_bytes(plan: Plan):
@@ -74,8 +74,8 @@ def layer_gemm_shapes(m: ModelSpec, plan: Plan):
     T = plan.micro_batch * plan.seq_len / plan.cp
     h, f, t = m.hidden, m.ffn_hidden, plan.tp
     return [
-        (T, h * (1.0 + 2.0 * kv_ratio(m)) / t, h),  # fused QKV projection
-        (T, h, h / t),  # attention output projection
+        (T, (q_width(m) + 2.0 * kv_width(m)) / t, h),  # fused QKV projection
+        (T, h, q_width(m) / t),  # attention output projection
         (T, (n_mlp_matrices(m) - 1.0) * f / t, h),  # MLP up (+ gate, fused)
         (T, h, f / t),  # MLP down
     ]
@@ -100,7 +100,7 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
     (load-balanced ring attention).
     """
     b, s = plan.micro_batch, plan.seq_len
-    return 4.0 * b * (s / plan.cp) * s * m.hidden / plan.tp * 0.5
+    return 4.0 * b * (s / plan.cp) * s * q_width(m) / plan.tp * 0.5
 
 
 def kernel_supported(dev, plan):
@@ -158,7 +158,7 @@ def _materialized_s(dev, cal, m, plan, passes):
     """
     b, s, a = plan.micro_batch, plan.seq_len, m.heads
     sq = s / plan.cp
-    d = m.hidden / a
+    d = m.head_dim
     heads = a / plan.tp
     gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads, kernels=1.0)
     gem = gem + gemm_s(dev, cal, plan, sq, d, s, count=b * heads, kernels=1.0)
@@ -182,7 +182,7 @@ def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     h, f, t = m.hidden, m.ffn_hidden, plan.tp
     sp_div = jnp.where(plan.sp > 0, t, 1.0)
     hidden_ops = (2.0 * 4.0 * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
-    rope = m.rope * 2.0 * 2.0 * h * (1.0 + kv_ratio(m)) / t
+    rope = m.rope * 2.0 * 2.0 * (q_width(m) + kv_width(m)) / t
     act_fn = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) / t
     fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (3.0 * h + f) / t, 0.0)
     return T * (e * (hidden_ops + rope + act_fn) + fp8)
