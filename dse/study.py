@@ -19,7 +19,7 @@ from typing import Any
 
 from dse.metrics import METRICS, constraint_keys, constraint_metric
 from hetersim import planfields
-from hetersim.catalog import Catalog, apply_overrides, load_catalog, model_from_hf_config
+from hetersim.catalog import Catalog, apply_overrides, load_catalog, model_from_json
 from hetersim.types import ATTENTION, HETERO_MODES, MAX_GROUPS, OFFLOAD_STATE, ORDER, RECOMPUTE, TIER, ZERO_STAGES
 
 DEFAULT_STUDY = Path(__file__).resolve().parent / "studies" / "default.toml"
@@ -317,10 +317,11 @@ def _catalog(origin: str, files: Any, base: Path | None) -> Catalog:
 
 
 def _model(catalog: Catalog, key: str, base: Path | None) -> dict[str, Any]:
-    """A catalog model, or a Hugging Face config.json (or a folder holding one) relative to the study file."""
+    """A catalog model, or a JSON model file (a Hugging Face config.json or its folder, a Calculon
+    model file) relative to the study file."""
     path = Path(key) if Path(key).is_absolute() or base is None else base / key
     if key.endswith(".json") or path.is_dir():
-        return model_from_hf_config(path)
+        return model_from_json(path)
     return catalog.model(key)
 
 

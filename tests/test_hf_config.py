@@ -156,3 +156,40 @@ def test_a_study_names_a_config_json(tmp_path):
     s = load_study(study)
     assert s.models["models/gemma-7b/config.json"]["head_dim"] == 256
     assert np.isclose(params(s.models["models/gemma-7b/config.json"]), 8.5377e9, rtol=1e-4)
+
+
+# calculon-ai/calculon models/megatron-1T.json at commit 4f81f029.
+CALCULON_1T = {
+    "hidden": 25600,
+    "feedforward": 102400,
+    "seq_size": 2048,
+    "attn_heads": 160,
+    "attn_size": 160,
+    "num_blocks": 128,
+}
+
+
+def test_calculon_model_file_reads_as_megatrons_1t_model(tmp_path):
+    """Calculon's megatron-1T.json is the 1T model of Narayanan et al. SC'21 Table 1: 1008.0B
+    parameters (biases and the 2048 position embeddings, which the model leaves out, are 0.06B)."""
+    from hetersim.catalog import model_from_json
+
+    path = tmp_path / "megatron-1T.json"
+    path.write_text(json.dumps(CALCULON_1T))
+    entry = model_from_json(path)
+    assert (entry["layers"], entry["head_dim"], entry["vocab"], entry["mlp"], entry["seq_len"]) == (
+        128,
+        160,
+        51200,
+        "plain",
+        2048,
+    )
+    assert params(entry) == pytest.approx(1008.0e9, abs=0.1e9)
+    base = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "512", "--global-batch", "512", "--tp", "8", "--pp", "64"]
+    assert run_json([*base, "--model", path])["params"] == params(entry)
+    bad = tmp_path / "typo.json"
+    bad.write_text(json.dumps({**CALCULON_1T, "feed_forward": 1}))
+    assert_user_error(run([*base, "--model", bad]), "typo.json", "unknown key 'feed_forward'")
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps({**CALCULON_1T, "num_experts": 8}))
+    assert_user_error(run([*base, "--model", moe]), "num_experts", "mixture-of-experts")

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from hetersim.api import FROM_MODEL
-from hetersim.catalog import hf_config_path, model_from_dims, model_from_hf_config
+from hetersim.catalog import hf_config_path, model_from_dims, model_from_json
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
 from hetersim.recipe import MEGATRON_MODEL_FLAGS
 from hetersim.types import FieldError
@@ -68,7 +68,7 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")
         if hf_config_path(model) is not None:
-            return model, model_from_hf_config(hf_config_path(model))
+            return model, model_from_json(hf_config_path(model))
         return model, catalog.model(model)
     if not given:
         raise ValueError("give --model KEY|config.json, or the model's dimensions (--layers, --hidden, --heads, ...)")
@@ -179,7 +179,14 @@ def _model_option(name: str, text: str) -> tuple[Any, Any]:
 
 
 MODEL_OPTIONS = {
-    "model": (str | None, typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json.")),
+    "model": (
+        str | None,
+        typer.Option(
+            None,
+            "--model",
+            help="Catalog model key, a Hugging Face config.json (or its folder), or a Calculon model .json.",
+        ),
+    ),
     "layers": _model_option("layers", "Model by dimensions: layers."),
     "hidden": _model_option("hidden", "Model by dimensions: hidden size."),
     "heads": _model_option("heads", "Model by dimensions: attention heads."),

@@ -157,6 +157,59 @@ def _training_seq_len(config: dict[str, Any], get) -> tuple[Any, str]:
     return longest, f"seq_len {longest} from max_position_embeddings"
 
 
+# Calculon's model files (calculon-ai/calculon models/*.json at 4f81f029; read by its
+# `Llm.Application`): a GPT-style block (a two-matrix GeLU MLP, one tied embedding of 51,200 words,
+# the vocabulary `num_parameters` hard-codes). `kv_heads`/`vocab_size` are later forks' additions;
+# the position/rope keys do not change the cost; experts (`num_experts`) are refused.
+_CALCULON_REQUIRED = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size", "num_blocks")
+_CALCULON_OPTIONAL = ("kv_heads", "vocab_size", "max_position_embeddings", "rope_theta", "position_embedding_type")
+CALCULON_VOCAB = 51200
+
+
+def is_calculon_model(config: dict[str, Any]) -> bool:
+    return "num_blocks" in config and "attn_size" in config
+
+
+def model_from_json(path: str | Path) -> Entry:
+    """A model from a JSON file: Calculon's model format (``num_blocks``, ``attn_size``, ...) or a
+    Hugging Face ``config.json`` (a folder: its config.json)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        config = _read_json(path, f"model file {path}")
+        if is_calculon_model(config):
+            return model_from_calculon(config, path)
+    return model_from_hf_config(path)
+
+
+def model_from_calculon(config: dict[str, Any], path: Path) -> Entry:
+    """A validated model entry from a Calculon model file's keys."""
+    origin = f"Calculon model file {path}"
+    unknown = sorted(set(config) - set(_CALCULON_REQUIRED) - set(_CALCULON_OPTIONAL) - {"num_experts"})
+    if unknown:
+        allowed = ", ".join(_CALCULON_REQUIRED + _CALCULON_OPTIONAL)
+        raise _fail(origin, f"unknown key {unknown[0]!r} (known: {allowed})")
+    missing = [k for k in _CALCULON_REQUIRED if k not in config]
+    if missing:
+        raise _fail(origin, f"missing {missing[0]!r}")
+    if config.get("num_experts"):
+        raise _fail(origin, f"num_experts = {config['num_experts']}: mixture-of-experts layers are not modelled")
+    entry: Entry = {
+        "name": path.stem,
+        "layers": config["num_blocks"],
+        "hidden": config["hidden"],
+        "heads": config["attn_heads"],
+        "kv_heads": config.get("kv_heads") or config["attn_heads"],
+        "head_dim": config["attn_size"],
+        "ffn_hidden": config["feedforward"],
+        "vocab": config.get("vocab_size") or CALCULON_VOCAB,
+        "mlp": "plain",
+        "seq_len": config["seq_size"],
+        "tied_embeddings": True,
+        "source": f"Calculon model file {path}",
+    }
+    return _validated_model(origin, entry["name"], entry)
+
+
 def _read_json(path: Path, origin: str) -> dict[str, Any]:
     hint = "a Hugging Face config.json file"
     data = read_document(path, origin, "JSON", json.loads, json.JSONDecodeError, hint)
