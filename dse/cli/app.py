@@ -24,6 +24,7 @@ class OneLineErrors(TyperGroup):
     instead of click's usage box."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        _no_flag_metavars(self)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.NoArgsIsHelpError as error:
@@ -48,7 +49,19 @@ class OneLineErrors(TyperGroup):
         return rv
 
 
+def _no_flag_metavars(command: Any) -> None:
+    """Flags take no value: show none in help (typer labels every option with its type, so a flag
+    read as ``--json <bool>``, as if it took one)."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _no_flag_metavars(sub)
+
+
 app = typer.Typer(
+    # Help text is plain text: rich markup would eat every "[...]" ("[default: ...]", "[search]").
+    rich_markup_mode=None,
     name="hetersim",
     help="Analytical cost model of LLM training on heterogeneous clusters.",
     no_args_is_help=True,
