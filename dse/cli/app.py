@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import time
 import tomllib
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -79,13 +80,36 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+# -1 quiet (no progress), 0 progress lines and bars on stderr, 1 also each stage's elapsed time.
+VERBOSITY = {"level": 0, "start": time.perf_counter()}
+
+
 @app.callback()
 def main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress output on stderr."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Progress output with each stage's elapsed time."),
 ) -> None:
     """Analytical cost model of LLM training on heterogeneous clusters."""
+    if quiet and verbose:
+        raise typer.BadParameter("give one of -q/--quiet and -v/--verbose", param_hint="-q/-v")
+    VERBOSITY.update(level=-1 if quiet else 1 if verbose else 0, start=time.perf_counter())
+
+
+def show_progress() -> bool:
+    """Progress bars and lines are on (stderr) unless -q."""
+    return VERBOSITY["level"] >= 0
+
+
+def status(message: str) -> None:
+    """One progress line on stderr (``hetersim: message``), after the inputs were checked; none
+    under -q, the elapsed time under -v."""
+    if VERBOSITY["level"] < 0:
+        return
+    elapsed = f" [{time.perf_counter() - VERBOSITY['start']:.1f} s]" if VERBOSITY["level"] > 0 else ""
+    typer.echo(f"hetersim: {message}{elapsed}", err=True)
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, tomllib.TOMLDecodeError)

@@ -18,7 +18,7 @@ from dse import format as fmt
 from hetersim import planfields
 from hetersim.units import DAY
 
-from .app import app, positive, user_errors
+from .app import app, positive, show_progress, user_errors
 
 INTERRUPTED_EXIT = 130
 MAX_TRIALS = 10**7  # trials a study may hold
@@ -57,7 +57,7 @@ def optimize_command(
             storage=storage,
             study_name=study_name,
             batch=batch,
-            progress=not json_out,
+            progress=not json_out and show_progress(),
         )
     except KeyboardInterrupt:
         raise SystemExit(INTERRUPTED_EXIT) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,18 @@ def default_out_dir(nc_path: str | Path) -> Path:
     return p.with_suffix("") if p.suffix == ".nc" else p.with_name(p.name + "_report")
 
 
-def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, validation: bool = True) -> Report:
+def build_report(
+    nc_path: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    validation: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
     """Write the report of ``nc_path`` into ``out_dir`` (default: beside it, named after it) and
     return what was written with a JSON-able summary. ``validation`` False skips the model's
-    validation run (a few seconds of JAX) and says so in the page."""
+    validation run (a few seconds of JAX) and says so in the page; ``progress`` hears each stage
+    once the dataset has been read."""
+    progress = progress or (lambda _message: None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
     atomic.check_folder(out, "--out")
     r = load(nc_path)
@@ -55,10 +64,12 @@ def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, vali
         records = pareto_records(r, pareto)
         v, v_error = None, None
         if validation:
+            progress("validating the model against the published runs (--no-validation skips it)")
             try:
                 v = validation_summary()
             except (ValueError, OSError) as error:
                 v_error = str(error)
+        progress(f"drawing the figures of {int(r.ds.sizes['config']):,} configurations into {out}")
         body = [
             section_validation(v, v_error),
             section_fronts(r, pareto, figs),
