@@ -34,6 +34,14 @@ def test_progress_on_stderr_off_under_quiet_timed_under_verbose(small_sweep, tmp
     assert default.exit_code == 0, default.stderr
     assert "hetersim: drawing the figures" in default.stderr
     assert json.loads(default.stdout)["n_configs"] > 0  # stdout stays pure JSON
+    # The page opens with the answer: verdict, trade-off and the best per GPU kind, before validation.
+    page = (tmp_path / "a" / "index.html").read_text()
+    answer = page.index("<h2>The answer</h2>")
+    assert answer < page.index("validation against published runs") < page.index("Pareto fronts")
+    head = page[answer : page.index("validation against published runs")]
+    assert "Verdict" in head and "Trade-off" in head
+    for gpu in ("h100-sxm-80gb", "a100-sxm-80gb"):  # the two GPU kinds of tests.test_sweep's study
+        assert f"<li>{gpu}: best time_to_train_s" in head
     quiet = run(["-q", *base, "--out", tmp_path / "b"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
     verbose = run(["-v", *base, "--out", tmp_path / "c"])

@@ -9,6 +9,7 @@ from typing import Any
 
 from dse import atomic
 from dse.report.page import (
+    answer_summary,
     best_lines,
     pareto_records,
     pareto_table,
@@ -71,6 +72,7 @@ def build_report(
                 v_error = str(error)
         progress(f"drawing the figures of {int(r.ds.sizes['config']):,} configurations into {out}")
         body = [
+            answer_summary(r, records),
             section_validation(v, v_error),
             section_fronts(r, pareto, figs),
             "<h2>The Pareto set</h2>",
