@@ -15,14 +15,16 @@ front. Algorithms:
   in blocks, each compared with the front found so far and then with itself: O(n*F) for a front
   of F points.
 
-:func:`hypervolume` is the volume dominated by a set of points and bounded by a reference point,
-for two objectives (sort and sum rectangles) and three (slice along the third and sum 2-D areas).
+:func:`hypervolume` is the volume dominated by a set of points and bounded by a reference point; the
+volume itself comes from ``moocore`` (the library's algorithms take milliseconds on a 5,000-point
+3-D front where a slice-and-sum loop took seconds; issue 15).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import moocore
 import numpy as np
 
 BLOCK = 2048  # rows compared at once against the front in the k >= 4 sweep
@@ -165,45 +167,23 @@ def pareto_front(values, senses: Sequence[str] | None = None) -> np.ndarray:
 
 
 def hypervolume(points, ref, senses: Sequence[str] | None = None) -> float:
-    """Volume dominated by ``points`` (``(n, k)``, k = 2 or 3) and bounded by ``ref``.
+    """Volume dominated by ``points`` (``(n, k)``, any k >= 2) and bounded by ``ref``, computed by
+    ``moocore.hypervolume`` (HV3D+ in 3-D, O(n log n) in 2-D and 3-D; WFG-family above).
 
     Objectives are minimized unless ``senses`` says "max" (then ``ref`` is a lower bound for that
-    column). Points not strictly better than ``ref`` in every objective add nothing.
+    column). Points not strictly better than ``ref`` in every objective, and rows with a NaN, add
+    nothing.
     """
     v = _as_min(points, senses)
     r = _as_min(np.asarray(ref, dtype=np.float64)[None, :], senses)[0]
     k = v.shape[1]
     if r.shape != (k,):
         raise ValueError(f"ref must have one value per objective ({k}); got {r.shape[0]}")
-    if k not in (2, 3):
-        raise ValueError(f"hypervolume is implemented for 2 or 3 objectives; got {k}")
+    if k < 2:
+        raise ValueError(f"hypervolume needs at least 2 objectives; got {k}")
     if not np.isfinite(r).all():
         raise ValueError("ref must be finite")
-    v = v[(v < r).all(axis=1)]
+    v = v[(v < r).all(axis=1)]  # NaN rows compare False and drop out here
     if len(v) == 0:
         return 0.0
-    v = v[pareto_mask(v)]
-    v = np.unique(v, axis=0)
-    return _hv2(v, r) if k == 2 else _hv3(v, r)
-
-
-def _hv2(v: np.ndarray, r: np.ndarray) -> float:
-    """Area of a 2-D front (distinct, mutually non-dominated, all better than ``r``)."""
-    v = v[np.argsort(v[:, 0])]  # x ascending, so y descending on a front
-    widths = np.diff(np.r_[v[:, 0], r[0]])
-    return float(np.sum(widths * (r[1] - v[:, 1])))
-
-
-def _hv3(v: np.ndarray, r: np.ndarray) -> float:
-    """Slice along z: between consecutive z values, the area dominated in (x, y) by the points
-    at or below the slice."""
-    v = v[np.argsort(v[:, 2], kind="stable")]
-    z = np.r_[v[:, 2], r[2]]
-    total = 0.0
-    for i in range(len(v)):
-        depth = z[i + 1] - z[i]
-        if depth > 0:
-            xy = v[: i + 1, :2]
-            xy = np.unique(xy[pareto_mask(xy)], axis=0)
-            total += depth * _hv2(xy, r[:2])
-    return float(total)
+    return float(moocore.hypervolume(v[pareto_mask(v)], ref=r))

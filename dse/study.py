@@ -19,7 +19,7 @@ from typing import Any
 
 from dse.metrics import METRICS, constraint_keys, constraint_metric
 from hetersim import planfields
-from hetersim.catalog import Catalog, apply_overrides, load_catalog
+from hetersim.catalog import Catalog, apply_overrides, load_catalog, model_from_json
 from hetersim.types import ATTENTION, HETERO_MODES, MAX_GROUPS, OFFLOAD_STATE, ORDER, RECOMPUTE, TIER, ZERO_STAGES
 
 DEFAULT_STUDY = Path(__file__).resolve().parent / "studies" / "default.toml"
@@ -160,7 +160,7 @@ def _study(doc: Mapping[str, Any], text: str, origin: str, base: Path | None, ca
     _known(origin, "plan", plan_t, PLAN_KEYS)
 
     model_keys = _strings(origin, "model.key", _required(origin, "model.key", model_t.get("key")))
-    models = {k: _lookup(origin, "model.key", catalog.model, k) for k in model_keys}
+    models = {k: _lookup(origin, "model.key", lambda key: _model(catalog, key, base), k) for k in model_keys}
     clusters, hetero = _clusters(origin, hw)
     gpus, n_gpus = _hardware(origin, hw, catalog, clusters)
     gpu_axis = tuple(clusters) if clusters else tuple(gpus)
@@ -314,6 +314,15 @@ def _catalog(origin: str, files: Any, base: Path | None) -> Catalog:
         return load_catalog(paths)
     except ValueError as error:
         raise _err(origin, "catalog", str(error)) from None
+
+
+def _model(catalog: Catalog, key: str, base: Path | None) -> dict[str, Any]:
+    """A catalog model, or a JSON model file (a Hugging Face config.json or its folder, a Calculon
+    model file) relative to the study file."""
+    path = Path(key) if Path(key).is_absolute() or base is None else base / key
+    if key.endswith(".json") or path.is_dir():
+        return model_from_json(path)
+    return catalog.model(key)
 
 
 def _lookup(origin: str, key: str, get, name: str) -> dict[str, Any]:

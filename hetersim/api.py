@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from .planfields import AUTO, resolve_sp
@@ -60,13 +59,13 @@ def default_calibration():
 
 def _model(catalog, model: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """(label, entry) of a catalog key, a Hugging Face ``config.json`` path or a dimensions dict."""
-    from .catalog import model_from_dims, model_from_hf_config
+    from .catalog import hf_config_path, model_from_dims, model_from_json
 
     if isinstance(model, Mapping):
         entry = model_from_dims(**model)
         return entry["name"], entry
-    if str(model).endswith(".json") or Path(model).is_file():
-        return str(model), model_from_hf_config(model)
+    if hf_config_path(model) is not None:
+        return str(model), model_from_json(hf_config_path(model))
     return str(model), catalog.model(model)
 
 

@@ -34,6 +34,7 @@ def model_spec(entry: Mapping[str, Any]) -> ModelSpec:
             hidden=float(entry["hidden"]),
             heads=float(entry["heads"]),
             kv_heads=float(entry.get("kv_heads", entry["heads"])),
+            head_dim=float(entry.get("head_dim") or entry["hidden"] / entry["heads"]),
             ffn_hidden=float(entry["ffn_hidden"]),
             vocab=float(entry["vocab"]),
             gated=float(gated),

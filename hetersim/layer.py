@@ -63,7 +63,7 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
 
     # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
     # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
-    kv_bytes = 2.0 * T * model.hidden * model.kv_heads / model.heads / plan.tp * act
+    kv_bytes = 2.0 * T * model.kv_heads * model.head_dim / plan.tp * act
     ring_step = comm.p2p_s(net, s_cp, kv_bytes)
     cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
     cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)

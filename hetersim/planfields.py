@@ -50,7 +50,12 @@ class PlanField:
     optimizer states are offloaded). ``axis``: a study may give a list of values (a sweep axis);
     ``layout``: one of the integer columns the host filters on before evaluating (``dp`` must be
     whole, the global batch a multiple of ``micro_batch * dp``); ``label``: the prefix in a
-    layout label such as ``tp8-pp4``; ``flag``: the CLI option that sets it.
+    layout label such as ``tp8-pp4``; ``flag``: the CLI option that sets it; ``aliases``: the
+    same option under Megatron-LM / NeMo's names (``--tensor-model-parallel-size``; for a boolean,
+    the flag that turns it on); ``switches``: value-less flags that set the field to one value
+    (Megatron's ``--use-distributed-optimizer`` is ZeRO stage 1). Megatron's names are those of
+    ``megatron/training/arguments.py``; a Megatron argument list is read through them
+    (:mod:`hetersim.recipe`).
     """
 
     name: str
@@ -69,6 +74,8 @@ class PlanField:
     zero_means: str = ""  # what a 0 means where 0 is allowed
     help: str = ""  # the CLI's help text, where the long name is not enough
     off_flag: str = ""  # a boolean's negative CLI flag (``--no-sp``)
+    aliases: tuple[str, ...] = ()  # Megatron-LM / NeMo spellings of the flag
+    switches: tuple[tuple[str, Any], ...] = ()  # (value-less flag, the value it sets)
 
     @property
     def leaf(self) -> str:
@@ -94,11 +101,50 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField(
         "n_gpus", "int", REQUIRED, "number of GPUs", layout=True, hi=MAX_GPUS, flag="--gpus", help="Number of GPUs."
     ),
-    PlanField("tp", "int", 1, "tensor-parallel size", label="tp", axis=True, layout=True, hi=MAX_GPUS),
-    PlanField("pp", "int", 1, "pipeline-parallel size", label="pp", axis=True, layout=True, hi=MAX_GPUS),
-    PlanField("cp", "int", 1, "context-parallel size", label="cp", axis=True, layout=True, hi=MAX_GPUS),
     PlanField(
-        "micro_batch", "int", 1, "micro-batch size", "sequences", label="mb", axis=True, layout=True, hi=MAX_BATCH
+        "tp",
+        "int",
+        1,
+        "tensor-parallel size",
+        label="tp",
+        axis=True,
+        layout=True,
+        hi=MAX_GPUS,
+        aliases=("--tensor-model-parallel-size",),
+    ),
+    PlanField(
+        "pp",
+        "int",
+        1,
+        "pipeline-parallel size",
+        label="pp",
+        axis=True,
+        layout=True,
+        hi=MAX_GPUS,
+        aliases=("--pipeline-model-parallel-size",),
+    ),
+    PlanField(
+        "cp",
+        "int",
+        1,
+        "context-parallel size",
+        label="cp",
+        axis=True,
+        layout=True,
+        hi=MAX_GPUS,
+        aliases=("--context-parallel-size",),
+    ),
+    PlanField(
+        "micro_batch",
+        "int",
+        1,
+        "micro-batch size",
+        "sequences",
+        label="mb",
+        axis=True,
+        layout=True,
+        hi=MAX_BATCH,
+        aliases=("--micro-batch-size",),
     ),
     PlanField(
         "global_batch",
@@ -110,6 +156,7 @@ FIELDS: tuple[PlanField, ...] = (
         axis=True,
         layout=True,
         hi=MAX_BATCH,
+        aliases=("--global-batch-size",),
     ),
     PlanField(
         "dp",
@@ -130,9 +177,33 @@ FIELDS: tuple[PlanField, ...] = (
         axis=True,
         hi=MAX_GPUS,
         help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1).",
+        aliases=("--virtual-pipeline-model-parallel-size",),
     ),
-    PlanField("zero", "int", 0, "ZeRO stage (3 = FSDP)", label="z", axis=True, lo=0, hi=3, help="ZeRO stage 0-3."),
-    PlanField("recompute", "choice", "none", "activation recomputation", label="rc", axis=True, options=Recompute),
+    PlanField(
+        "zero",
+        "int",
+        0,
+        "ZeRO stage (3 = FSDP)",
+        label="z",
+        axis=True,
+        lo=0,
+        hi=3,
+        help="ZeRO stage 0-3.",
+        # Megatron's distributed optimizer shards the optimizer state over the data-parallel ranks,
+        # "as described in ZeRO" (Megatron-LM README, "Distributed Optimizer"; its
+        # docs/source/distrib_optimizer.md at 40ce7c8a): stage 1.
+        switches=(("--use-distributed-optimizer", 1),),
+    ),
+    PlanField(
+        "recompute",
+        "choice",
+        "none",
+        "activation recomputation",
+        label="rc",
+        axis=True,
+        options=Recompute,
+        aliases=("--recompute-granularity",),
+    ),
     PlanField(
         "sp",
         "bool",
@@ -143,6 +214,7 @@ FIELDS: tuple[PlanField, ...] = (
         auto_rule="on when tp > 1",
         off_flag="--no-sp",
         help="Sequence parallelism (default: on when tp > 1).",
+        aliases=("--sequence-parallel",),
     ),
     PlanField("precision", "choice", "bf16", "training precision", axis=True, options=Precision),
     PlanField(
@@ -155,6 +227,7 @@ FIELDS: tuple[PlanField, ...] = (
         axis=True,
         hi=MAX_SEQ_LEN,
         help="Sequence length (default: the model's).",
+        aliases=("--seq-length",),
     ),
     PlanField(
         "stack",

@@ -20,7 +20,8 @@ def spec(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen dataclass whose fields are all pytree leaves."""
     cls = dataclasses.dataclass(frozen=True)(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    return jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
+    jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
+    return cls  # jax 0.4.27 returns None here, later releases the class
 
 
 def as_arrays(obj: T, dtype: Any = jnp.float32, xp: Any = jnp) -> T:

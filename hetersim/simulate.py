@@ -350,7 +350,7 @@ class Throughput:
 def recompute_share(model: ModelSpec, plan: Plan):
     """Hardware FLOPs added by recomputation / model FLOPs (HFU = MFU * (1 + this))."""
     per_token = model_flops_per_token(model, plan.seq_len)
-    attn_share = 6.0 * plan.seq_len * model.hidden * model.layers / per_token
+    attn_share = 6.0 * plan.seq_len * model.heads * model.head_dim * model.layers / per_token
     layer_share = 1.0 - 6.0 * model.vocab * model.hidden / per_token
     rc = plan.recompute_code
     return jnp.select([rc == Recompute.FULL, rc == Recompute.SELECTIVE], [layer_share / 3.0, attn_share / 3.0], 0.0)

@@ -73,11 +73,11 @@ CASES = [
     ("report-binary", ["report", "{tmp}/binary.toml", "--out", "{tmp}/report"], ["binary.toml"]),
     ("report-missing", ["report", "{tmp}/missing.nc", "--out", "{tmp}/report"], ["missing.nc"]),
     # output locations, checked before the work
-    ("validate-json-folder", ["validate", "--json", "{tmp}"], ["--json", "folder"]),
+    ("validate-out-folder", ["validate", "--out", "{tmp}"], ["--out", "folder"]),
     ("calibrate-out-folder", ["calibrate", "--steps", "1", "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
     ("intervals-out-folder", ["calibrate", "--intervals", "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
     ("intervals-and-cross-validate", ["calibrate", "--intervals", "--cross-validate"], ["--intervals", "--cross"]),
-    ("bench-json-folder", ["bench", "--configs", "10", "--json", "{tmp}/folder.json"], ["--json", "folder"]),
+    ("bench-out-folder", ["bench", "--configs", "10", "--out", "{tmp}/folder.json"], ["--out", "folder"]),
     ("sweep-out-is-a-file", ["sweep", STUDY, "--out", "{tmp}/file"], ["--out", "not a folder"]),
     ("sweep-out-nc-under-a-file", ["sweep", STUDY, "--out", "{tmp}/file/x.nc"], ["--out", "not a folder"]),
     ("sweep-out-nc-is-a-folder", ["sweep", STUDY, "--out", "{tmp}/folder.nc"], ["--out", "folder"]),
@@ -88,7 +88,7 @@ CASES = [
 
 READ_ONLY_CASES = [
     ("sweep-out-read-only", ["sweep", STUDY, "--out", "{tmp}/readonly"], ["--out", "not writable"]),
-    ("validate-json-read-only", ["validate", "--json", "{tmp}/readonly/v.json"], ["--json", "not writable"]),
+    ("validate-out-read-only", ["validate", "--out", "{tmp}/readonly/v.json"], ["--out", "not writable"]),
 ]
 CAN_WRITE_ANYWHERE = hasattr(os, "geteuid") and os.geteuid() == 0  # root ignores folder permissions
 

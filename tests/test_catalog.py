@@ -427,7 +427,8 @@ def test_hf_gpt2_config(tmp_path):
         "mlp": "plain",
         "seq_len": 1024,
         "tied_embeddings": True,
-        "source": f"Hugging Face config {tmp_path / 'model' / 'config.json'}",
+        "source": f"Hugging Face config {tmp_path / 'model' / 'config.json'}; "
+        "seq_len 1024 from max_position_embeddings",
     }
 
 

@@ -241,7 +241,7 @@ def test_catalog_lists_gpus_and_models():
 
 def test_validate_json_report(tmp_path):
     out = tmp_path / "validation.json"
-    result = run(["validate", "--json", out, "--worst", "3"])
+    result = run(["validate", "--out", out, "--worst", "3"])
     assert result.exit_code == 0, result.stderr
     assert "MAPE" in result.stdout and "Worst 3" in result.stdout
 
@@ -258,6 +258,10 @@ def test_validate_json_report(tmp_path):
     for row in doc["rows"]:
         assert {"id", "measured_step_time_s", "predicted_step_time_s", "error_pct", "feasible"} <= set(row)
         assert row["measured_step_time_s"] > 0
+    # --json means what it means in every command: the same document on stdout, no tables.
+    printed = run(["validate", "--json"])
+    assert printed.exit_code == 0, printed.stderr
+    assert json.loads(printed.stdout) == doc
     errors = [abs(r["error_pct"]) for r in doc["rows"]]
     assert doc["mape_step_time_pct"] == pytest.approx(sum(errors) / len(errors), rel=1e-6)
     assert doc["max_abs_error_pct"] == pytest.approx(max(errors), rel=1e-6)
@@ -269,7 +273,7 @@ def test_validate_rejects_a_bad_stacks_file(tmp_path):
     bad = tmp_path / "stacks.toml"
     bad.write_text('[old]\nmatch = ["Narayanan"]\nattention = "sparse"\n')
     out = tmp_path / "v.json"
-    assert_user_error(run(["validate", "--stacks", bad, "--json", out]), str(bad), "attention", "flash2")
+    assert_user_error(run(["validate", "--stacks", bad, "--out", out]), str(bad), "attention", "flash2")
     assert not out.exists()
 
 

@@ -163,16 +163,26 @@ def test_export_csv_and_parquet(sweep_file, optimize_run, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_optuna_sees_metric_names_constraints_and_a_feasible_front(tmp_path):
+@pytest.fixture(scope="module")
+def journal_study(tmp_path_factory):
+    """A project optimize study written to a journal file and read back with ``optuna.load_study``,
+    as optuna-dashboard and a notebook would; with the run's summary."""
+    import optuna
+
+    tmp = tmp_path_factory.mktemp("eco_journal")
+    journal = tmp / "study.log"
+    s = run_optimize(OPT_STUDY, OPT_TRIALS, seed=3, out=tmp, storage=str(journal), batch=OPT_BATCH, progress=False)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    return optuna.load_study(study_name=s["study"], storage=storage), s
+
+
+def test_optuna_sees_metric_names_constraints_and_a_feasible_front(journal_study):
     """A study loaded with ``optuna.load_study`` names its objectives, carries every constraint
     under the key ``constraints_func`` writes (what optuna-dashboard shows), keeps trials with no
     runnable layout off ``study.best_trials``, and has flat, sortable user attributes."""
     import optuna
 
-    journal = tmp_path / "study.log"
-    s = run_optimize(OPT_STUDY, OPT_TRIALS, seed=3, out=tmp_path, storage=str(journal), batch=OPT_BATCH, progress=False)
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
-    study = optuna.load_study(study_name=s["study"], storage=storage)
+    study, s = journal_study
     assert study.metric_names == ["time_to_train_s", "cost_usd"]
     names = study.user_attrs["hetersim_constraints"]
     assert names[0] == "layout"
@@ -193,3 +203,32 @@ def test_optuna_sees_metric_names_constraints_and_a_feasible_front(tmp_path):
         frame.columns
     )
     assert frame["user_attrs_tp"].dropna().map(type).eq(int).all()
+
+
+def _trace_trials(fig, label: str) -> set[int]:
+    """Trial numbers of the scatter whose hover box is labelled ``label`` (Optuna's plot names its
+    traces only in ``hovertemplate``; each point's ``text`` is the trial as JSON)."""
+    import json
+
+    traces = [t for t in fig.data if f"<extra>{label}</extra>" in (t.hovertemplate or "")]
+    assert len(traces) == 1, [t.hovertemplate for t in fig.data]
+    return {json.loads(text.replace("<br>", "\n"))["number"] for text in traces[0].text or ()}
+
+
+def test_optuna_visualization_shows_names_constraints_and_a_feasible_front(journal_study):
+    """``optuna.visualization.plot_pareto_front`` on the loaded study titles its axes with the
+    metric names, reads the stored constraints itself (no ``constraints_func`` passed) and so draws
+    every trial that violates one as "Infeasible Trial", none of them as "Best Trial"."""
+    pytest.importorskip("plotly", reason="optuna.visualization needs plotly (pip install 'hetersim[test]')")
+    import optuna
+
+    study, _ = journal_study
+    fig = optuna.visualization.plot_pareto_front(study)
+    assert (fig.layout.xaxis.title.text, fig.layout.yaxis.title.text) == ("time_to_train_s", "cost_usd")
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    infeasible = {t.number for t in trials if max(t.constraints.values()) > 0}
+    assert infeasible
+    assert _trace_trials(fig, "Infeasible Trial") == infeasible
+    best = _trace_trials(fig, "Best Trial")
+    assert best == {t.number for t in study.best_trials}
+    assert best and not best & infeasible

@@ -123,7 +123,7 @@ def test_hypervolume_hand_cases():
     assert hypervolume([[1, 2], [2, 3]], [3, 0], senses=["min", "max"]) == pytest.approx(5.0)
 
 
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [2, 3, 4])
 def test_hypervolume_counts_unit_cells(k):
     """On integer points the volume is the number of dominated unit cells inside the box."""
     rng = np.random.default_rng(k)
@@ -135,9 +135,26 @@ def test_hypervolume_counts_unit_cells(k):
         assert hypervolume(pts, ref) == pytest.approx(float(covered.sum()))
 
 
+def test_hypervolume_four_objectives_by_hand():
+    # One 4-D box 1x2x3x4; two boxes 2x2x2x1 and 1x1x1x2 overlapping in a unit hypercube: 8 + 2 - 1.
+    assert hypervolume([[0, 0, 0, 0]], [1, 2, 3, 4]) == pytest.approx(24.0)
+    assert hypervolume([[0, 0, 0, 1], [1, 1, 1, 0]], [2, 2, 2, 2]) == pytest.approx(9.0)
+
+
+def test_hypervolume_agrees_with_optunas():
+    """moocore (what :func:`hypervolume` calls) and Optuna's own WFG give the same volume."""
+    from optuna._hypervolume import compute_hypervolume
+
+    rng = np.random.default_rng(0)
+    for k in (2, 3):
+        pts = rng.random((300, k))
+        ref = np.full(k, 1.1)
+        assert hypervolume(pts, ref) == pytest.approx(compute_hypervolume(pts, ref), rel=1e-12)
+
+
 def test_hypervolume_rejects_bad_input():
-    with pytest.raises(ValueError, match="2 or 3 objectives"):
-        hypervolume(np.ones((2, 4)), np.zeros(4))
+    with pytest.raises(ValueError, match="at least 2 objectives"):
+        hypervolume(np.ones((2, 1)), np.zeros(1))
     with pytest.raises(ValueError, match="one value per objective"):
         hypervolume(np.ones((2, 2)), np.zeros(3))
 

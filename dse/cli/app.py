@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import time
 import tomllib
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -26,6 +27,7 @@ class OneLineErrors(TyperGroup):
     instead of click's usage box."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        _no_flag_metavars(self)
         try:
             with sigint_guard():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
@@ -61,7 +63,19 @@ class OneLineErrors(TyperGroup):
         return rv
 
 
+def _no_flag_metavars(command: Any) -> None:
+    """Flags take no value: show none in help (typer labels every option with its type, so a flag
+    read as ``--json <bool>``, as if it took one)."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _no_flag_metavars(sub)
+
+
 app = typer.Typer(
+    # Help text is plain text: rich markup would eat every "[...]" ("[default: ...]", "[search]").
+    rich_markup_mode=None,
     name="hetersim",
     help="Analytical cost model of LLM training on heterogeneous clusters.",
     no_args_is_help=True,
@@ -79,13 +93,36 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+# -1 quiet (no progress), 0 progress lines and bars on stderr, 1 also each stage's elapsed time.
+VERBOSITY = {"level": 0, "start": time.perf_counter()}
+
+
 @app.callback()
 def main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress output on stderr."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Progress output with each stage's elapsed time."),
 ) -> None:
     """Analytical cost model of LLM training on heterogeneous clusters."""
+    if quiet and verbose:
+        raise typer.BadParameter("give one of -q/--quiet and -v/--verbose", param_hint="-q/-v")
+    VERBOSITY.update(level=-1 if quiet else 1 if verbose else 0, start=time.perf_counter())
+
+
+def show_progress() -> bool:
+    """Progress bars and lines are on (stderr) unless -q."""
+    return VERBOSITY["level"] >= 0
+
+
+def status(message: str) -> None:
+    """One progress line on stderr (``hetersim: message``), after the inputs were checked; none
+    under -q, the elapsed time under -v."""
+    if VERBOSITY["level"] < 0:
+        return
+    elapsed = f" [{time.perf_counter() - VERBOSITY['start']:.1f} s]" if VERBOSITY["level"] > 0 else ""
+    typer.echo(f"hetersim: {message}{elapsed}", err=True)
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, tomllib.TOMLDecodeError)

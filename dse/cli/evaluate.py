@@ -13,7 +13,15 @@ from hetersim.catalog import load_catalog
 from hetersim.outputs import STEP_TERMS
 
 from .app import app, user_errors
-from .options import CONFIGURATION_OPTIONS, check_model, pairs, with_flag, with_options
+from .options import (
+    CONFIGURATION_OPTIONS,
+    apply_recipe,
+    check_model,
+    fold_switches,
+    pairs,
+    with_flag,
+    with_options,
+)
 
 
 def configuration(
@@ -31,7 +39,9 @@ def configuration(
     kv_heads=None,
     ffn_hidden=None,
     vocab=None,
+    head_dim=None,
     mlp=None,
+    tied_embeddings=None,
     **rest,
 ):
     """``evaluate``'s options -> :func:`hetersim.api.configure` (one configuration, evaluated).
@@ -40,11 +50,16 @@ def configuration(
     """
     from hetersim import api
 
+    rest = fold_switches(rest)
+    for flag, value in (("--gpus", gpus), ("--global-batch", global_batch)):
+        if value is None:
+            raise ValueError(f"missing option {flag} (give it, or a --recipe that names it)")
     if (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
-    dims = {k: v for k, v in {**dims, "mlp": mlp}.items() if v is not None}
+    dims["head_dim"] = head_dim
+    dims = {k: v for k, v in {**dims, "mlp": mlp, "tied_embeddings": tied_embeddings}.items() if v is not None}
     check_model(catalog, model, dims)
     try:
         return api.configure(
@@ -70,7 +85,7 @@ def evaluate(**options: Any) -> None:
 
     ``--cluster KIND:N,KIND:N`` evaluates a mix of device kinds (``--hetero pipeline|data``)."""
     as_json = options.pop("as_json")
-    built = configuration(**options)
+    built = configuration(**apply_recipe(options))
     header = {"model": built.model, "gpu": built.gpu, "plan": built.plan}
     result = fmt.evaluation(built.breakdown, STEP_TERMS, header, built.interval)
     result["stack"] = fmt.stack_summary(built.plan)
@@ -96,7 +111,7 @@ def sensitivity(**options: Any) -> None:
     metric, top, as_json = options.pop("metric"), options.pop("top"), options.pop("as_json")
     if options.get("cluster"):
         raise ValueError("--cluster: sensitivity works on one device kind; give --gpu")
-    sensitivity_report(configuration(**options), metric=metric, top=top, json_out=as_json)
+    sensitivity_report(configuration(**apply_recipe(options)), metric=metric, top=top, json_out=as_json)
 
 
 app.command("evaluate")(user_errors(evaluate))

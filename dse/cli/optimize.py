@@ -18,7 +18,7 @@ from dse import format as fmt
 from hetersim import planfields
 from hetersim.units import DAY
 
-from .app import Interrupted, app, positive, user_errors
+from .app import Interrupted, app, positive, show_progress, user_errors
 
 MAX_TRIALS = 10**7  # trials a study may hold
 MAX_BATCH = 1 << 16  # trials asked and solved in one vectorized call
@@ -56,7 +56,7 @@ def optimize_command(
             storage=storage,
             study_name=study_name,
             batch=batch,
-            progress=not json_out,
+            progress=not json_out and show_progress(),
         )
     except KeyboardInterrupt:
         raise Interrupted("interrupted: the search stopped; its trials in flight are marked failed") from None

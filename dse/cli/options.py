@@ -14,8 +14,9 @@ from typing import Any
 import typer
 
 from hetersim.api import FROM_MODEL
-from hetersim.catalog import model_from_dims, model_from_hf_config
+from hetersim.catalog import hf_config_path, model_from_dims, model_from_json
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
+from hetersim.recipe import MEGATRON_MODEL_FLAGS
 from hetersim.types import FieldError
 
 from .app import positive
@@ -66,8 +67,8 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")
-        if model.endswith(".json") or Path(model).is_file():
-            return model, model_from_hf_config(model)
+        if hf_config_path(model) is not None:
+            return model, model_from_json(hf_config_path(model))
         return model, catalog.model(model)
     if not given:
         raise ValueError("give --model KEY|config.json, or the model's dimensions (--layers, --hidden, --heads, ...)")
@@ -75,12 +76,44 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
     if missing:
         raise ValueError(f"a model given by dimensions needs {', '.join(missing)}")
     for key, value in given.items():
-        if key != "mlp":
+        if key not in ("mlp", "tied_embeddings"):
             positive(f"--{key.replace('_', '-')}", value)
     if given.get("mlp", "gated") not in ("gated", "plain"):
         raise ValueError(f"--mlp must be one of gated, plain; got {given['mlp']!r}")
     entry = model_from_dims(**given)
     return entry["name"], entry
+
+
+def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``options`` from ``--recipe FILE`` (:func:`hetersim.recipe.read_recipe`): each value the
+    file gives, unless the same option was given on the command line (the command line wins). The
+    file's model dimensions are used unless ``--model`` is given; a model by dimensions needs a
+    vocabulary, from the file or ``--vocab``."""
+    path = options.pop("recipe", None)
+    if path is None:
+        return options
+    try:  # typer >= 0.2x vendors click (as in .app)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - a typer that uses the click package
+        from click import get_current_context
+
+    from hetersim.recipe import read_recipe
+
+    recipe = read_recipe(path)
+    ctx = get_current_context(silent=True)
+
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(name) if ctx is not None else None
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    plan = {("gpus" if k == "n_gpus" else k): v for k, v in recipe["plan"].items()}
+    model = recipe["model"] if not given("model") else {}
+    if model and "vocab" not in model and not given("vocab"):
+        raise ValueError(f"--recipe {path}: the file names no vocabulary size; give --vocab N")
+    for name, value in {**plan, **model}.items():
+        if not given(name):
+            options[name] = value
+    return options
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,32 +122,78 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
 
 
 def _plan_option(f: PlanField) -> tuple[Any, Any]:
-    """The typer option of one plan field (flag, default, choices and help from the registry)."""
+    """The typer option of one plan field (flag, aliases, default, choices and help from the registry)."""
     text = f.help or f"{f.long_name[0].upper()}{f.long_name[1:]}."
+    decls = (f.cli_flag, *f.aliases)
     if f.kind == "choice":
-        return str, typer.Option(f.default, f.cli_flag, help=f"{text} {'|'.join(f.names)}.")
+        return str, typer.Option(f.default, *decls, help=f"{text} {'|'.join(f.names)}.")
     if f.kind == "offload":
-        return list[str], typer.Option([], f.cli_flag, help=f"{text}.")
+        return list[str], typer.Option([], *decls, help=f"{text}.")
     if f.kind == "bool":
         flags = f"{f.cli_flag}/{f.off_flag}" if f.off_flag else f.cli_flag
-        return bool | None, typer.Option(None, flags, help=text)
+        return bool | None, typer.Option(None, flags, *f.aliases, help=text)
     kind = int if f.kind == "int" else float
     if f.default is REQUIRED and f.name not in FROM_MODEL:
-        return kind, typer.Option(..., f.cli_flag, help=text)
+        # Not required by typer: a --recipe may give it; `configuration` says when neither does.
+        return kind | None, typer.Option(None, *decls, help=f"{text} Required unless --recipe gives it.")
     default = f.default if isinstance(f.default, int | float) and f.default is not REQUIRED else None
-    return (kind if default is not None else kind | None), typer.Option(default, f.cli_flag, help=text)
+    return (kind if default is not None else kind | None), typer.Option(default, *decls, help=text)
 
 
-PLAN_OPTIONS = {("gpus" if f.name == "n_gpus" else f.name): _plan_option(f) for f in FIELDS}
+def switch_param(flag: str) -> str:
+    """The parameter name typer gives a value-less switch (``--use-distributed-optimizer``)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+# (parameter, flag, field, value) of every value-less switch in the registry.
+SWITCHES = tuple((switch_param(flag), flag, f, value) for f in FIELDS for flag, value in f.switches)
+
+
+def fold_switches(options: dict[str, Any]) -> dict[str, Any]:
+    """Set each field whose switch was given (``--use-distributed-optimizer`` -> ``zero=1``); a
+    switch and its field's own flag at another non-default value is an error."""
+    for param, flag, f, value in SWITCHES:
+        if not options.pop(param, False):
+            continue
+        given = options.get(f.name)
+        if given not in (None, f.default, value):
+            raise ValueError(f"{flag} sets {f.cli_flag} {value}; it cannot be combined with {f.cli_flag} {given}")
+        options[f.name] = value
+    return options
+
+
+def _switch_option(flag: str, f: PlanField, value: Any) -> tuple[Any, Any]:
+    return bool, typer.Option(False, flag, help=f"Megatron's name for {f.cli_flag} {value}.")
+
+
+PLAN_OPTIONS = {
+    **{("gpus" if f.name == "n_gpus" else f.name): _plan_option(f) for f in FIELDS},
+    **{param: _switch_option(flag, f, value) for param, flag, f, value in SWITCHES},
+}
+
+
+def _model_option(name: str, text: str) -> tuple[Any, Any]:
+    """A model-dimension option under its own flag and Megatron's (:data:`MEGATRON_MODEL_FLAGS`)."""
+    alias = (MEGATRON_MODEL_FLAGS[name],) if name in MEGATRON_MODEL_FLAGS else ()
+    return int | None, typer.Option(None, "--" + name.replace("_", "-"), *alias, help=text)
+
 
 MODEL_OPTIONS = {
-    "model": (str | None, typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json.")),
-    "layers": (int | None, typer.Option(None, "--layers", help="Model by dimensions: layers.")),
-    "hidden": (int | None, typer.Option(None, "--hidden", help="Model by dimensions: hidden size.")),
-    "heads": (int | None, typer.Option(None, "--heads", help="Model by dimensions: attention heads.")),
-    "kv_heads": (int | None, typer.Option(None, "--kv-heads", help="Model by dimensions: KV heads (default: heads).")),
-    "ffn_hidden": (int | None, typer.Option(None, "--ffn-hidden", help="Model by dimensions: FFN width.")),
-    "vocab": (int | None, typer.Option(None, "--vocab", help="Model by dimensions: vocabulary (default: 32000).")),
+    "model": (
+        str | None,
+        typer.Option(
+            None,
+            "--model",
+            help="Catalog model key, a Hugging Face config.json (or its folder), or a Calculon model .json.",
+        ),
+    ),
+    "layers": _model_option("layers", "Model by dimensions: layers."),
+    "hidden": _model_option("hidden", "Model by dimensions: hidden size."),
+    "heads": _model_option("heads", "Model by dimensions: attention heads."),
+    "kv_heads": _model_option("kv_heads", "Model by dimensions: KV heads (default: heads)."),
+    "ffn_hidden": _model_option("ffn_hidden", "Model by dimensions: FFN width."),
+    "vocab": _model_option("vocab", "Model by dimensions: vocabulary (default: 32000)."),
+    "head_dim": _model_option("head_dim", "Model by dimensions: width of one attention head (default: hidden/heads)."),
     "mlp": (str | None, typer.Option(None, "--mlp", help="Model by dimensions: gated|plain (default: gated).")),
 }
 
@@ -155,7 +234,18 @@ HARDWARE_OPTIONS = {
     "overrides": (list[str], typer.Option([], "--set", help="FIELD=VALUE override of the GPU entry, repeatable.")),
 }
 
-CONFIGURATION_OPTIONS = {**MODEL_OPTIONS, **HARDWARE_OPTIONS, **PLAN_OPTIONS}
+RECIPE_OPTIONS = {
+    "recipe": (
+        Path | None,
+        typer.Option(
+            None,
+            "--recipe",
+            help="A NeMo recipe .yaml or a Megatron-LM argument list: its model and layout (flags given win).",
+        ),
+    ),
+}
+
+CONFIGURATION_OPTIONS = {**RECIPE_OPTIONS, **MODEL_OPTIONS, **HARDWARE_OPTIONS, **PLAN_OPTIONS}
 
 
 def with_options(options: Mapping[str, tuple[Any, Any]], **own: tuple[Any, Any]) -> Callable[[Callable], Callable]:

@@ -12,7 +12,7 @@ import typer
 
 from dse import format as fmt
 
-from .app import app, user_errors
+from .app import app, status, user_errors
 
 
 def report_command(path: Path, out: Path | None, json_out: bool, validation: bool = True) -> dict[str, Any]:
@@ -20,7 +20,7 @@ def report_command(path: Path, out: Path | None, json_out: bool, validation: boo
     ``results/X/``) and print where it went, the Pareto set's size and the model's error."""
     from dse.report import build_report
 
-    report = build_report(path, out, validation=validation)
+    report = build_report(path, out, validation=validation, progress=status)
     s = report.summary
     if json_out:
         print(fmt.dumps(s))

@@ -20,7 +20,7 @@ from hetersim import planfields
 from hetersim.units import DAY
 
 from . import interrupt
-from .app import Interrupted, app, positive, user_errors
+from .app import Interrupted, app, positive, show_progress, user_errors
 
 MAX_CHUNK = 1 << 22  # configurations per compiled batch: ~4M rows already need GiBs of device memory
 MAX_CONFIGS = 2**31 - 1  # bench: configurations to evaluate (indexed by int32, as in a sweep)
@@ -52,7 +52,7 @@ def sweep_command(
             chunk=chunk,
             scheduler=scheduler,
             workers=workers,
-            progress=not json_out,
+            progress=not json_out and show_progress(),
             stream=stream,
             top_k=DEFAULT_TOP_K if top_k is None else top_k,
         )
@@ -116,11 +116,17 @@ def print_sweep_summary(con, s: Mapping[str, Any]) -> None:
     con.print(table)
 
 
-def bench_command(configs: int, chunk: int, json_path: Path | None) -> dict[str, Any]:
-    """Measure the sweep engine (configurations per second, compile time, peak memory)."""
+def bench_command(configs: int, chunk: int, json_path: Path | None, as_json: bool = False) -> dict[str, Any]:
+    """Measure the sweep engine (configurations per second, compile time, peak memory); the
+    figures as JSON on stdout (``as_json``) and/or in the file ``json_path``."""
     from dse.bench import run_bench
 
     result = run_bench(configs, chunk)
+    if json_path is not None:
+        fmt.write_json_atomic(json_path, result)
+    if as_json:
+        typer.echo(fmt.dumps(result))
+        return result
     con = fmt.console()
     table = Table(title="hetersim bench")
     table.add_column("measure")
@@ -134,7 +140,6 @@ def bench_command(configs: int, chunk: int, json_path: Path | None) -> dict[str,
     table.add_row("peak RSS MiB", f"{result['peak_rss_MiB']:,.0f}")
     con.print(table)
     if json_path is not None:
-        fmt.write_json_atomic(json_path, result)
         con.print(f"wrote {json_path}")
     return result
 
@@ -169,11 +174,12 @@ def sweep_cmd(
 def bench_cmd(
     configs: int = typer.Option(1_000_000, "--configs", help="Configurations to evaluate."),
     chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the figures as JSON to this file."),
+    json_path: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ) -> None:
     """Measure configurations per second, compile time and peak memory of the vectorized model."""
     positive("--configs", configs, hi=MAX_CONFIGS)
     positive("--chunk", chunk, hi=MAX_CHUNK)
     if json_path is not None:
-        atomic.check_target(json_path, "--json")
-    bench_command(configs, chunk, json_path)
+        atomic.check_target(json_path, "--out")
+    bench_command(configs, chunk, json_path, as_json)

@@ -8,7 +8,7 @@ from dse import atomic
 from dse import format as fmt
 from hetersim.catalog import load_catalog
 
-from .app import app, positive, user_errors
+from .app import app, positive, status, user_errors
 
 MAX_STEPS = 1_000_000  # gradient steps of one calibration
 VALIDATION_KEYS = (
@@ -26,7 +26,8 @@ VALIDATION_KEYS = (
 def validate_cmd(
     runs: Path | None = typer.Option(None, "--runs", help="Runs CSV (default: the packaged published runs)."),
     memory: Path | None = typer.Option(None, "--memory", help="Measured-memory CSV to validate as well."),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+    json_out: Path | None = typer.Option(None, "--out", help="Also write the report as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     worst: int = typer.Option(5, "--worst", help="How many of the worst rows to list again."),
     catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
     stacks_file: Path | None = typer.Option(
@@ -41,7 +42,7 @@ def validate_cmd(
     if worst < 0:
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
     if json_out is not None:
-        atomic.check_target(json_out, "--json")
+        atomic.check_target(json_out, "--out")
     catalog = load_catalog(catalog_files)
     path = runs or default_runs_path()
     rows = read_runs(path, load_stacks(stacks_file))
@@ -51,20 +52,25 @@ def validate_cmd(
     from hetersim.api import default_calibration
 
     cal = default_calibration()
+    status(f"validating the model against {len(rows)} published runs ({path.name})")
     report = validation.validate(rows, catalog, cal, path=str(path))
     memory_report = validate_memory(memory, catalog, cal) if memory is not None else None
 
+    doc = {key: report[key] for key in VALIDATION_KEYS}
+    doc.update({k: v for k, v in report.items() if k not in doc})
+    doc["runs_path"] = str(path)
+    if memory_report is not None:
+        doc["memory"] = memory_report
+    if json_out is not None:
+        fmt.write_json_atomic(json_out, doc)
+    if as_json:
+        typer.echo(fmt.dumps(doc))
+        return
     con = fmt.console()
     fmt.print_validation(con, report, worst)
     if memory_report is not None:
         fmt.print_summary(con, "Memory validation", memory_report)
     if json_out is not None:
-        doc = {key: report[key] for key in VALIDATION_KEYS}
-        doc.update({k: v for k, v in report.items() if k not in doc})
-        doc["runs_path"] = str(path)
-        if memory_report is not None:
-            doc["memory"] = memory_report
-        fmt.write_json_atomic(json_out, doc)
         con.print(f"wrote {json_out}")
 
 
@@ -97,6 +103,7 @@ def calibrate_cmd(
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
     if intervals:
         return _intervals(runs, load_catalog(catalog_files), steps, out, dry_run, as_json)
+    status(f"calibrating: {steps} gradient steps" + (", leaving one source out at a time" if cross_validate else ""))
     if cross_validate:
         cv = calibration.cross_validate(runs, load_catalog(catalog_files), steps=steps)
         if as_json:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dse import atomic
 from dse.report.page import (
+    answer_summary,
     best_lines,
     pareto_records,
     pareto_table,
@@ -41,10 +43,18 @@ def default_out_dir(nc_path: str | Path) -> Path:
     return p.with_suffix("") if p.suffix == ".nc" else p.with_name(p.name + "_report")
 
 
-def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, validation: bool = True) -> Report:
+def build_report(
+    nc_path: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    validation: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
     """Write the report of ``nc_path`` into ``out_dir`` (default: beside it, named after it) and
     return what was written with a JSON-able summary. ``validation`` False skips the model's
-    validation run (a few seconds of JAX) and says so in the page."""
+    validation run (a few seconds of JAX) and says so in the page; ``progress`` hears each stage
+    once the dataset has been read."""
+    progress = progress or (lambda _message: None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
     atomic.check_folder(out, "--out")
     r = load(nc_path)
@@ -55,11 +65,14 @@ def build_report(nc_path: str | Path, out_dir: str | Path | None = None, *, vali
         records = pareto_records(r, pareto)
         v, v_error = None, None
         if validation:
+            progress("validating the model against the published runs (--no-validation skips it)")
             try:
                 v = validation_summary()
             except (ValueError, OSError) as error:
                 v_error = str(error)
+        progress(f"drawing the figures of {int(r.ds.sizes['config']):,} configurations into {out}")
         body = [
+            answer_summary(r, records),
             section_validation(v, v_error),
             section_fronts(r, pareto, figs),
             "<h2>The Pareto set</h2>",

@@ -185,6 +185,51 @@ def best_lines(r: Results, records: list[dict[str, Any]]) -> str:
     return f"<ul>{''.join(lines)}</ul>" if lines else ""
 
 
+def _fmt_metric(r: Results, name: str, value: float) -> str:
+    factor, units = display(display_units(r.ds[name].attrs), np.array([value]))
+    return f"{value / factor:.4g} {units}"
+
+
+def answer_summary(r: Results, records: list[dict[str, Any]]) -> str:
+    """The answer first: per GPU kind its best feasible configuration on the first objective, the
+    trade-off between the Pareto set's extremes, and the verdict (which kind and layout wins)."""
+    if not r.feasible.any():
+        return "<h2>The answer</h2><p><b>No configuration of this study is feasible</b>; see why below.</p>"
+    first, sense = r.objectives[0], r.senses[0]
+    pick = np.nanargmin if sense == "min" else np.nanargmax
+    values = r.values(first).astype(float)
+    lines = []
+    if "gpu" in r.ds.variables and "config" in r.ds[first].dims:
+        gpus = r.values("gpu")
+        for code in np.unique(gpus[r.feasible]):
+            idx = np.flatnonzero(r.feasible & (gpus == code))
+            best = int(idx[pick(values[idx])])
+            lines.append(
+                f"<li>{esc(decode(r.ds, 'gpu', code))}: best {esc(first)} "
+                f"<b>{esc(_fmt_metric(r, first, values[best]))}</b> with {esc(r.layout(best))}</li>"
+            )
+    feasible = np.flatnonzero(r.feasible)
+    winner = int(feasible[pick(values[feasible])])
+    verdict = f"<p><b>Verdict</b>: {esc(r.layout(winner, with_model=True))} gives the best {esc(first)}"
+    verdict += f" ({esc(_fmt_metric(r, first, values[winner]))}).</p>"
+    trade = ""
+    if len(r.objectives) > 1 and len(records) > 1:
+        other = r.objectives[1]
+        a = (min if sense == "min" else max)(records, key=lambda row: row[first])
+        b = (min if r.senses[1] == "min" else max)(records, key=lambda row: row[other])
+        if a["config"] != b["config"]:
+            trade = (
+                f"<p><b>Trade-off</b>: the best {esc(first)} ({esc(_fmt_metric(r, first, a[first]))}) comes at "
+                f"{esc(other)} {esc(_fmt_metric(r, other, a[other]))}; the best {esc(other)} "
+                f"({esc(_fmt_metric(r, other, b[other]))}) at {esc(first)} {esc(_fmt_metric(r, first, b[first]))}; "
+                f"{len(records)} Pareto configurations lie between.</p>"
+            )
+        else:
+            trade = f"<p><b>Trade-off</b>: none: one configuration is best in both {esc(first)} and {esc(other)}.</p>"
+    per_gpu = f"<ul>{''.join(lines)}</ul>" if lines else ""
+    return f"<h2>The answer</h2>{verdict}{trade}{per_gpu}"
+
+
 def render_page(r: Results, pareto: np.ndarray, body: Sequence[str], v: Mapping[str, Any] | None) -> str:
     attrs = r.ds.attrs
     name = attrs.get("study_name", r.path.stem)

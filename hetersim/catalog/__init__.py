@@ -15,7 +15,7 @@ Import the public names from ``hetersim.catalog``. Nothing here imports JAX.
 from __future__ import annotations
 
 from .load import CATALOG_DIR, Catalog, load_catalog
-from .models import llama_ffn_hidden, model_from_dims, model_from_hf_config
+from .models import hf_config_path, llama_ffn_hidden, model_from_dims, model_from_hf_config, model_from_json
 from .overrides import apply_overrides
 from .schema import PACKAGED_FILES, SECTIONS, Section, fields, numeric_fields
 
@@ -31,5 +31,7 @@ __all__ = [
     "load_catalog",
     "model_from_dims",
     "model_from_hf_config",
+    "hf_config_path",
+    "model_from_json",
     "numeric_fields",
 ]

@@ -69,7 +69,7 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
         heads, kv_heads, hidden = entry["heads"], entry["kv_heads"], entry["hidden"]
         if heads % kv_heads:
             raise _fail(origin, f"{label}.kv_heads must divide heads ({heads}), got {kv_heads}")
-        if hidden % heads:
+        if entry.get("head_dim") is None and hidden % heads:
             raise _fail(origin, f"{label}.hidden must be a multiple of heads ({heads}), got {hidden}")
     elif section == "gpus":
         if entry["peak_tflops_bf16"] <= 0 and entry["peak_tflops_fp16"] <= 0:

@@ -27,6 +27,7 @@ def model_from_dims(
     *,
     name: str | None = None,
     tied_embeddings: bool = False,
+    head_dim: int | None = None,
 ) -> Entry:
     """A validated model entry for any transformer given by its dimensions.
 
@@ -49,6 +50,8 @@ def model_from_dims(
         "tied_embeddings": tied_embeddings,
         "source": "model_from_dims",
     }
+    if head_dim is not None:
+        entry["head_dim"] = head_dim
     return _validated_model("model_from_dims", label, entry)
 
 
@@ -59,13 +62,41 @@ def _validated_model(origin: str, key: str, entry: Entry) -> Entry:
     return parsed
 
 
-_GATED_TYPES = frozenset({"llama", "mistral", "qwen2"})
+# Architectures whose MLP is gated (three matrices: gate, up, down) whatever the activation:
+# SwiGLU in Llama/Mistral/Qwen2, GeGLU in Gemma (its `hidden_act`/`hidden_activation` is a GeLU;
+# transformers' GemmaMLP is `down(act(gate(x)) * up(x))`). Elsewhere a SiLU/SwiGLU activation
+# marks a gated MLP.
+_GATED_TYPES = frozenset({"llama", "mistral", "qwen2", "gemma", "gemma2"})
 _GATED_ACTIVATIONS = frozenset({"silu", "swiglu"})
+# `tie_word_embeddings` where a config leaves it out: the transformers config class's default
+# (LlamaConfig, MistralConfig, Qwen2Config: False; GemmaConfig, Gemma2Config, GPT2Config: True).
+_TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True}
+# Training context where a config gives only the longest context it serves: the config's
+# `rope_scaling.original_max_position_embeddings` (the pre-training context before RoPE scaling,
+# Llama-3.1: 8192), else `max_position_embeddings` up to this cap. Llama 3 pre-trains at 8K tokens
+# and adds long context in a final stage (arXiv 2407.21783 Sec. 3.4); pass --seq-len for another.
+HF_TRAINING_SEQ_LEN_CAP = 8192
+# Keys of mixture-of-experts configs (Mixtral, Qwen2-MoE, DeepSeek): MoE layers are not modelled.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def hf_config_path(model: str | Path) -> Path | None:
+    """The ``config.json`` that ``model`` names (the file, or a folder: its config.json, which
+    may be missing -- reading it then says so), else None (a catalog key)."""
+    path = Path(model)
+    if path.is_dir():
+        return path / "config.json"
+    return path if str(model).endswith(".json") or path.is_file() else None
 
 
 def model_from_hf_config(path: str | Path) -> Entry:
-    """A validated model entry from a Hugging Face ``config.json`` (LLaMA or GPT-2 style keys)."""
+    """A validated model entry from a Hugging Face ``config.json`` (or a folder holding one):
+    Llama/Mistral/Qwen2/Gemma or GPT-2 style keys; ``head_dim`` where a config sets it; the
+    training context as :data:`HF_TRAINING_SEQ_LEN_CAP` says. Mixture-of-experts and
+    encoder-decoder configs are refused."""
     path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
     origin = f"config file {path}"
     config = _read_json(path, origin)
 
@@ -78,12 +109,15 @@ def model_from_hf_config(path: str | Path) -> Entry:
             raise _fail(origin, f"missing {' or '.join(repr(k) for k in names)}")
         return default
 
+    _refuse_unmodelled(config, origin)
     model_type = str(config.get("model_type", ""))
     hidden = get("hidden_size", "n_embd")
     heads = get("num_attention_heads", "n_head")
-    gated = model_type in _GATED_TYPES or str(config.get("hidden_act", "")).lower() in _GATED_ACTIVATIONS
+    activation = str(config.get("hidden_activation") or config.get("hidden_act", "")).lower()
+    gated = model_type in _GATED_TYPES or activation in _GATED_ACTIVATIONS
     is_gpt2_style = "n_embd" in config and "hidden_size" not in config
     ffn_default = 4 * hidden if is_gpt2_style and _is_number(hidden) else None
+    seq_len, seq_note = _training_seq_len(config, get)
     entry: Entry = {
         "name": str(config.get("_name_or_path") or path.parent.name or path.stem),
         "layers": get("num_hidden_layers", "n_layer"),
@@ -93,9 +127,85 @@ def model_from_hf_config(path: str | Path) -> Entry:
         "ffn_hidden": get("intermediate_size", "n_inner", default=ffn_default),
         "vocab": get("vocab_size"),
         "mlp": "gated" if gated else "plain",
-        "seq_len": get("max_position_embeddings", "n_positions", "n_ctx"),
-        "tied_embeddings": bool(config.get("tie_word_embeddings", model_type not in _GATED_TYPES)),
-        "source": f"Hugging Face config {path}",
+        "seq_len": seq_len,
+        "tied_embeddings": bool(config.get("tie_word_embeddings", _TIED_BY_DEFAULT.get(model_type, True))),
+        "source": f"Hugging Face config {path}; {seq_note}",
+    }
+    if config.get("head_dim") is not None:
+        entry["head_dim"] = config["head_dim"]
+    return _validated_model(origin, entry["name"], entry)
+
+
+def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
+    for key in _MOE_KEYS:
+        if _is_number(config.get(key)) and config[key] > 1:
+            raise _fail(origin, f"{key} = {config[key]}: mixture-of-experts layers are not modelled")
+    if config.get("is_encoder_decoder"):
+        raise _fail(origin, "is_encoder_decoder: only decoder-only transformers are modelled")
+
+
+def _training_seq_len(config: dict[str, Any], get) -> tuple[Any, str]:
+    """(training context, how it was chosen) -- see :data:`HF_TRAINING_SEQ_LEN_CAP`."""
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and _is_number(scaling.get("original_max_position_embeddings")):
+        value = scaling["original_max_position_embeddings"]
+        return value, f"seq_len {value} from rope_scaling.original_max_position_embeddings (pre-training context)"
+    longest = get("max_position_embeddings", "n_positions", "n_ctx")
+    if _is_number(longest) and longest > HF_TRAINING_SEQ_LEN_CAP:
+        note = f"seq_len {HF_TRAINING_SEQ_LEN_CAP}: the config's {longest} capped at the training default"
+        return HF_TRAINING_SEQ_LEN_CAP, note
+    return longest, f"seq_len {longest} from max_position_embeddings"
+
+
+# Calculon's model files (calculon-ai/calculon models/*.json at 4f81f029; read by its
+# `Llm.Application`): a GPT-style block (a two-matrix GeLU MLP, one tied embedding of 51,200 words,
+# the vocabulary `num_parameters` hard-codes). `kv_heads`/`vocab_size` are later forks' additions;
+# the position/rope keys do not change the cost; experts (`num_experts`) are refused.
+_CALCULON_REQUIRED = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size", "num_blocks")
+_CALCULON_OPTIONAL = ("kv_heads", "vocab_size", "max_position_embeddings", "rope_theta", "position_embedding_type")
+CALCULON_VOCAB = 51200
+
+
+def is_calculon_model(config: dict[str, Any]) -> bool:
+    return "num_blocks" in config and "attn_size" in config
+
+
+def model_from_json(path: str | Path) -> Entry:
+    """A model from a JSON file: Calculon's model format (``num_blocks``, ``attn_size``, ...) or a
+    Hugging Face ``config.json`` (a folder: its config.json)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        config = _read_json(path, f"model file {path}")
+        if is_calculon_model(config):
+            return model_from_calculon(config, path)
+    return model_from_hf_config(path)
+
+
+def model_from_calculon(config: dict[str, Any], path: Path) -> Entry:
+    """A validated model entry from a Calculon model file's keys."""
+    origin = f"Calculon model file {path}"
+    unknown = sorted(set(config) - set(_CALCULON_REQUIRED) - set(_CALCULON_OPTIONAL) - {"num_experts"})
+    if unknown:
+        allowed = ", ".join(_CALCULON_REQUIRED + _CALCULON_OPTIONAL)
+        raise _fail(origin, f"unknown key {unknown[0]!r} (known: {allowed})")
+    missing = [k for k in _CALCULON_REQUIRED if k not in config]
+    if missing:
+        raise _fail(origin, f"missing {missing[0]!r}")
+    if config.get("num_experts"):
+        raise _fail(origin, f"num_experts = {config['num_experts']}: mixture-of-experts layers are not modelled")
+    entry: Entry = {
+        "name": path.stem,
+        "layers": config["num_blocks"],
+        "hidden": config["hidden"],
+        "heads": config["attn_heads"],
+        "kv_heads": config.get("kv_heads") or config["attn_heads"],
+        "head_dim": config["attn_size"],
+        "ffn_hidden": config["feedforward"],
+        "vocab": config.get("vocab_size") or CALCULON_VOCAB,
+        "mlp": "plain",
+        "seq_len": config["seq_size"],
+        "tied_embeddings": True,
+        "source": f"Calculon model file {path}",
     }
     return _validated_model(origin, entry["name"], entry)
 

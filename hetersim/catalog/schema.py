@@ -196,6 +196,8 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         # Optional, read by hetersim.build when present (defaults follow `mlp`):
         "dropout": _FLAG.optional(),
         "rope": _FLAG.optional(),
+        # Optional: the width of one attention head where it is not hidden / heads (Gemma's 256).
+        "head_dim": _COUNT.optional(),
     },
     "memory": {
         "name": _TEXT,

@@ -26,6 +26,7 @@ class ModelSpec:
     hidden: Any
     heads: Any
     kv_heads: Any  # < heads: grouped-query attention
+    head_dim: Any  # width of one attention head; hidden / heads except where a model says (Gemma: 256)
     ffn_hidden: Any
     vocab: Any
     gated: Any  # 1: SwiGLU (three MLP matrices, LLaMA); 0: plain two-matrix MLP (GPT)

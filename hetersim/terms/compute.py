@@ -22,7 +22,7 @@ from ..types import Attention, Loss, Precision
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
-from .flops import kv_ratio, n_mlp_matrices
+from .flops import kv_width, n_mlp_matrices, q_width
 
 
 def act_bytes(plan: Plan):
@@ -77,8 +77,8 @@ def layer_gemm_shapes(m: ModelSpec, plan: Plan):
     T = plan.micro_batch * plan.seq_len / plan.cp
     h, f, t = m.hidden, m.ffn_hidden, plan.tp
     return [
-        (T, h * (1.0 + 2.0 * kv_ratio(m)) / t, h),  # fused QKV projection
-        (T, h, h / t),  # attention output projection
+        (T, (q_width(m) + 2.0 * kv_width(m)) / t, h),  # fused QKV projection
+        (T, h, q_width(m) / t),  # attention output projection
         (T, (n_mlp_matrices(m) - 1.0) * f / t, h),  # MLP up (+ gate, fused)
         (T, h, f / t),  # MLP down
     ]
@@ -103,7 +103,7 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
     (load-balanced ring attention).
     """
     b, s = plan.micro_batch, plan.seq_len
-    return 4.0 * b * (s / plan.cp) * s * m.hidden / plan.tp * 0.5
+    return 4.0 * b * (s / plan.cp) * s * q_width(m) / plan.tp * 0.5
 
 
 def stack_fact(values, plan: Plan):
@@ -167,7 +167,7 @@ def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2):
     step) and the head size (:mod:`hetersim.terms.attention`); never above the peak."""
     ref = _fused_eff(plan, fastest, fa2)
     cost = jnp.where(plan.attention_code == Attention.FLASH2, attention.FA2_SOFTMAX_COST, dev.attn_softmax_cost)
-    shape = attention.seq_factor(plan.seq_len / plan.cp) * attention.head_dim_factor(m.hidden / m.heads, cost)
+    shape = attention.seq_factor(plan.seq_len / plan.cp) * attention.head_dim_factor(m.head_dim, cost)
     return jnp.minimum(ref * shape, 1.0)
 
 
@@ -194,7 +194,7 @@ def _materialized_s(dev, cal, m, plan, passes):
     """
     b, s, a = plan.micro_batch, plan.seq_len, m.heads
     sq = s / plan.cp
-    d = m.hidden / a
+    d = m.head_dim
     heads = a / plan.tp
     gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads, kernels=1.0)
     gem = gem + gemm_s(dev, cal, plan, sq, d, s, count=b * heads, kernels=1.0)
@@ -246,7 +246,7 @@ def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     h, f, t = m.hidden, m.ffn_hidden, plan.tp
     sp_div = jnp.where(plan.sp > 0, t, 1.0)
     hidden_ops = (2.0 * _by_fusion(NORM_BYTES, ea) * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
-    rope = m.rope * _by_fusion(ROPE_BYTES, ea) * h * (1.0 + kv_ratio(m)) / t
+    rope = m.rope * _by_fusion(ROPE_BYTES, ea) * (q_width(m) + kv_width(m)) / t
     act_fn = act_fn_bytes(m, plan) * f / t
     fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (3.0 * h + f) / t, 0.0)
     return T * (e * (hidden_ops + rope + act_fn) + fp8)

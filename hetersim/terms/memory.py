@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from ..specs import ModelSpec, Plan
 from ..types import Attention, Loss, Precision, Recompute
 from ..units import GiB
-from .flops import kv_ratio, layer_params
+from .flops import kv_width, layer_params, q_width
 
 WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
 GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2 reduce_dtype (bf16 zero 3)
@@ -99,7 +99,8 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     mlp = mlp - jnp.where(
         (plan.recompute_code == Recompute.SELECTIVE) & (plan.attention_code != Attention.MATERIALIZED), 2.0 * f, 0.0
     )
-    sharded = (2.0 * h + 4.0 * h * kv_ratio(m) + (2.0 - gemm_in_save) * h + mlp) / t
+    q, k = q_width(m), kv_width(m)  # h and h*g/a when the head width is h/a
+    sharded = (2.0 * q + 4.0 * k + (2.0 - gemm_in_save) * q + mlp) / t
     scores = (2.0 + 3.0 * m.dropout) * a * plan.seq_len / t  # per query token
     flash_lse = 4.0 * a / t
     keep_scores = (plan.attention_code == Attention.MATERIALIZED) & (plan.recompute_code == Recompute.NONE)

@@ -1,0 +1,306 @@
+"""The run people already have: a NeMo recipe (YAML) or a Megatron-LM argument list, read as a
+model and a plan.
+
+:func:`read_recipe` returns ``{"model": {...}, "plan": {...}}`` keyed by this project's names
+(``model_from_dims``'s arguments; :mod:`hetersim.planfields` fields), holding only what the file
+says. Keys that change the answer and that the model cannot express (mixture-of-experts,
+recomputing only some layers, unresolved ``${...}`` interpolations) are one-line errors naming
+the file and key; keys with no bearing on the cost (learning rates, data paths, logging) are
+ignored. ``kv_channels`` / ``--kv-channels`` is the head width (``head_dim``).
+
+Formats, with where their keys are defined:
+
+* **NeMo recipe** (``.yaml`` / ``.yml``): the layout of NeMo-Framework-Launcher's training configs,
+  e.g. ``launcher_scripts/conf/training/llama/llama3_1_8b.yaml`` at commit dbdb2355 —
+  ``trainer.num_nodes`` x ``trainer.devices`` GPUs, ``trainer.precision``, and under ``model``:
+  ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
+  ``virtual_pipeline_model_parallel_size``, ``context_parallel_size``, ``sequence_parallel``,
+  ``micro_batch_size``, ``global_batch_size``, ``encoder_seq_length``, ``num_layers``,
+  ``hidden_size``, ``ffn_hidden_size``, ``num_attention_heads``, ``num_query_groups``,
+  ``kv_channels``, ``activation``, ``share_embeddings_and_output_weights``,
+  ``activations_checkpoint_granularity`` / ``_method``, ``fp8``, ``optim.name``
+  (``distributed_fused_adam`` is the distributed optimizer). A file whose top level is
+  ``training:`` (the launcher's group) is read inside it.
+* **Megatron-LM argument list** (any other file): the ``--flag value`` arguments of
+  ``pretrain_gpt.py`` as a launch script passes them (backslash continuations and ``#``
+  comments allowed), with Megatron's names (``megatron/training/arguments.py``); the GPU count
+  from torchrun's ``--nnodes`` x ``--nproc-per-node`` when present. Megatron's own defaults
+  apply where a flag is absent: a GeLU MLP unless ``--swiglu``, tied embeddings unless
+  ``--untie-embeddings-and-output-weights``, ``--num-query-groups`` read only with
+  ``--group-query-attention``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from .planfields import FIELDS
+
+# Model dimensions: ``model_from_dims`` argument -> Megatron-LM flag (megatron/training/arguments.py).
+MEGATRON_MODEL_FLAGS = {
+    "layers": "--num-layers",
+    "hidden": "--hidden-size",
+    "heads": "--num-attention-heads",
+    "kv_heads": "--num-query-groups",
+    "ffn_hidden": "--ffn-hidden-size",
+    "vocab": "--vocab-size",
+    "head_dim": "--kv-channels",
+}
+
+# NeMo ``model.*`` keys -> plan fields / model dimensions (NeMo-Framework-Launcher training configs).
+NEMO_PLAN_KEYS = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "virtual_pipeline_model_parallel_size": "vp",
+    "context_parallel_size": "cp",
+    "sequence_parallel": "sp",
+    "micro_batch_size": "micro_batch",
+    "global_batch_size": "global_batch",
+    "encoder_seq_length": "seq_len",
+    "activations_checkpoint_granularity": "recompute",
+}
+NEMO_MODEL_KEYS = {
+    "num_layers": "layers",
+    "hidden_size": "hidden",
+    "num_attention_heads": "heads",
+    "num_query_groups": "kv_heads",
+    "ffn_hidden_size": "ffn_hidden",
+    "kv_channels": "head_dim",
+    "vocab_size": "vocab",  # Megatron-Bridge's model provider; NeMo launcher configs name a tokenizer instead
+}
+# NeMo ``model.activation`` -> MLP kind: a gated MLP (three matrices) for every *GLU.
+GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
+PLAIN_ACTIVATIONS = ("gelu", "fast-gelu", "relu", "squared-relu", "approx-gelu")
+# Lightning's ``trainer.precision`` spellings -> precision.
+NEMO_PRECISION = {
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
+    "16": "fp16",
+    "16-mixed": "fp16",
+    "32": "fp32",
+    "32-true": "fp32",
+}
+# Keys whose presence (with a value that turns them on) the model cannot express.
+NEMO_REFUSED = {
+    "num_moe_experts": "mixture-of-experts layers are not modelled",
+    "expert_model_parallel_size": "expert parallelism is not modelled",
+    "num_micro_batches_with_partial_activation_checkpoints": "partial activation checkpointing is not modelled",
+}
+
+
+def read_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
+    """``{"model": dims, "plan": fields}`` from a NeMo recipe YAML or a Megatron argument list."""
+    path = Path(path)
+    origin = f"recipe {path}"
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = "no such file" if isinstance(error, FileNotFoundError) else type(error).__name__
+        hint = "give a NeMo recipe .yaml or a Megatron argument list"
+        raise ValueError(f"{origin}: cannot be read ({reason}); {hint}") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return _from_nemo(_load_yaml(text, origin), origin)
+    return _from_megatron(text, origin)
+
+
+def _fail(origin: str, key: str, message: str) -> ValueError:
+    return ValueError(f"{origin}: {key}: {message}")
+
+
+# --------------------------------------------------------------------------------------------
+# NeMo YAML
+# --------------------------------------------------------------------------------------------
+
+
+def _load_yaml(text: str, origin: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{origin}: not valid YAML{where}") from None
+    if isinstance(data, dict) and "model" not in data and isinstance(data.get("training"), dict):
+        data = data["training"]
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ValueError(f"{origin}: expected a NeMo training config with a 'model' section (and 'trainer')")
+    return data
+
+
+def _value(origin: str, key: str, value: Any, kind: str) -> Any:
+    """A recipe value checked for its kind (``int``, ``bool``, ``str``); ``${...}`` is refused."""
+    if isinstance(value, str) and "${" in value:
+        raise _fail(origin, key, f"interpolation {value!r} is not resolved here; write the value")
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str | int) and not isinstance(value, bool),
+    }[kind]
+    if not ok:
+        wanted = {"int": "a positive integer", "bool": "true or false", "str": "a name"}[kind]
+        raise _fail(origin, key, f"must be {wanted}; got {value!r}")
+    return value
+
+
+def _from_nemo(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
+    m = data["model"]
+    plan: dict[str, Any] = {}
+    for key, field in NEMO_PLAN_KEYS.items():
+        raw = m.get(key)
+        if raw is None:
+            continue
+        kind = "bool" if field == "sp" else "str" if field == "recompute" else "int"
+        plan[field] = _value(origin, f"model.{key}", raw, kind)
+    if "seq_len" not in plan and isinstance(m.get("data"), dict) and m["data"].get("seq_length") is not None:
+        plan["seq_len"] = _value(origin, "model.data.seq_length", m["data"]["seq_length"], "int")
+    _nemo_recompute(m, plan, origin)
+    _nemo_refusals(m, origin)
+    _nemo_hardware(data, m, plan, origin)
+    return {"model": _nemo_model(m, origin), "plan": plan}
+
+
+def _nemo_recompute(m: dict[str, Any], plan: dict[str, Any], origin: str) -> None:
+    granularity = plan.get("recompute")
+    if granularity is not None and granularity not in ("selective", "full"):
+        raise _fail(
+            origin, "model.activations_checkpoint_granularity", f"must be selective, full or null; got {granularity!r}"
+        )
+    if granularity == "full" and m.get("activations_checkpoint_method") == "block":
+        raise _fail(
+            origin,
+            "model.activations_checkpoint_method",
+            "block (only some layers recomputed) is not modelled; use uniform",
+        )
+
+
+def _nemo_refusals(m: dict[str, Any], origin: str) -> None:
+    for key, why in NEMO_REFUSED.items():
+        value = m.get(key)
+        if value not in (None, 0, 1, False):
+            raise _fail(origin, f"model.{key}", f"{value!r}: {why}")
+
+
+def _nemo_hardware(data: dict[str, Any], m: dict[str, Any], plan: dict[str, Any], origin: str) -> None:
+    """GPUs (nodes x devices per node), precision and the distributed optimizer."""
+    trainer = data.get("trainer") or {}
+    if trainer.get("num_nodes") is not None and trainer.get("devices") is not None:
+        nodes = _value(origin, "trainer.num_nodes", trainer["num_nodes"], "int")
+        plan["n_gpus"] = nodes * _value(origin, "trainer.devices", trainer["devices"], "int")
+    precision = trainer.get("precision")
+    if precision is not None:
+        name = str(_value(origin, "trainer.precision", precision, "str"))
+        if name not in NEMO_PRECISION:
+            raise _fail(origin, "trainer.precision", f"must be one of {', '.join(NEMO_PRECISION)}; got {precision!r}")
+        plan["precision"] = NEMO_PRECISION[name]
+    if m.get("fp8") is True:
+        plan["precision"] = "fp8"
+    optim = m.get("optim") or {}
+    if isinstance(optim, dict) and optim.get("name") == "distributed_fused_adam":
+        plan["zero"] = 1  # the distributed optimizer: optimizer states sharded over DP (ZeRO-1)
+
+
+def _nemo_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
+    model = {
+        dim: _value(origin, f"model.{key}", m[key], "int")
+        for key, dim in NEMO_MODEL_KEYS.items()
+        if m.get(key) is not None
+    }
+    activation = m.get("activation")
+    if activation is not None:
+        if activation not in GATED_ACTIVATIONS + PLAIN_ACTIVATIONS:
+            allowed = ", ".join(GATED_ACTIVATIONS + PLAIN_ACTIVATIONS)
+            raise _fail(origin, "model.activation", f"must be one of {allowed}; got {activation!r}")
+        model["mlp"] = "gated" if activation in GATED_ACTIVATIONS else "plain"
+    if m.get("share_embeddings_and_output_weights") is not None:
+        model["tied_embeddings"] = _value(
+            origin, "model.share_embeddings_and_output_weights", m["share_embeddings_and_output_weights"], "bool"
+        )
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron argument list
+# --------------------------------------------------------------------------------------------
+
+# Megatron flag -> plan field, from the registry's aliases (value-taking flags and booleans).
+_PLAN_FLAGS = {alias: f for f in FIELDS for alias in f.aliases}
+_SWITCH_FLAGS = {flag: (f, value) for f in FIELDS for flag, value in f.switches}
+_MODEL_FLAGS = {flag: dim for dim, flag in MEGATRON_MODEL_FLAGS.items()}
+_REFUSED_FLAGS = {
+    "--num-experts": "mixture-of-experts layers are not modelled",
+    "--expert-model-parallel-size": "expert parallelism is not modelled",
+}
+
+
+def _arguments(text: str) -> dict[str, str | None]:
+    """``--flag value`` / ``--flag=value`` / value-less ``--flag`` pairs of an argument list."""
+    lines = [line.split("#", 1)[0] for line in text.replace("\\\n", " ").splitlines()]
+    tokens = shlex.split(" ".join(lines))
+    args: dict[str, str | None] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        flag, eq, value = token.partition("=")
+        if not eq and i < len(tokens) and not tokens[i].startswith("--"):
+            value, i = tokens[i], i + 1
+        args[flag.replace("_", "-")] = value if (eq or value) else None
+    return args
+
+
+def _int_arg(origin: str, flag: str, value: str | None) -> int:
+    if value is None or not value.isdigit() or int(value) <= 0:
+        raise _fail(origin, flag, f"must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
+    args = _arguments(text)
+    if not args:
+        raise ValueError(f"{origin}: no --flag arguments found; give a Megatron argument list or a NeMo recipe .yaml")
+    for flag, why in _REFUSED_FLAGS.items():
+        if flag in args and args[flag] not in ("0", "1"):
+            raise _fail(origin, flag, f"{args[flag]}: {why}")
+    plan: dict[str, Any] = {}
+    for flag, value in args.items():
+        if flag in _PLAN_FLAGS:
+            f = _PLAN_FLAGS[flag]
+            plan[f.name] = True if f.kind == "bool" else value if f.kind == "choice" else _int_arg(origin, flag, value)
+        elif flag in _SWITCH_FLAGS:
+            f, fixed = _SWITCH_FLAGS[flag]
+            plan[f.name] = fixed
+    if plan.get("recompute") not in (None, "selective", "full"):
+        raise _fail(origin, "--recompute-granularity", f"must be selective or full; got {plan['recompute']!r}")
+    if plan.get("recompute") == "full" and args.get("--recompute-method") == "block":
+        raise _fail(origin, "--recompute-method", "block (only some layers recomputed) is not modelled; use uniform")
+    if "--nnodes" in args and "--nproc-per-node" in args:
+        plan["n_gpus"] = _int_arg(origin, "--nnodes", args["--nnodes"]) * _int_arg(
+            origin, "--nproc-per-node", args["--nproc-per-node"]
+        )
+    plan.update(_megatron_precision(args))
+    return {"model": _megatron_model(args, origin), "plan": plan}
+
+
+def _megatron_precision(args: dict[str, str | None]) -> dict[str, str]:
+    if "--fp8-format" in args:
+        return {"precision": "fp8"}
+    if "--bf16" in args:
+        return {"precision": "bf16"}
+    if "--fp16" in args:
+        return {"precision": "fp16"}
+    return {}
+
+
+def _megatron_model(args: dict[str, str | None], origin: str) -> dict[str, Any]:
+    model = {dim: _int_arg(origin, flag, args[flag]) for flag, dim in _MODEL_FLAGS.items() if flag in args}
+    if "--group-query-attention" not in args:
+        model.pop("kv_heads", None)  # Megatron reads --num-query-groups only with --group-query-attention
+    if model:
+        model["mlp"] = "gated" if "--swiglu" in args else "plain"
+        model["tied_embeddings"] = "--untie-embeddings-and-output-weights" not in args
+    return model

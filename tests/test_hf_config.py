@@ -1,0 +1,195 @@
+"""Hugging Face config.json files as models: Gemma's head width and GeGLU, Llama-3.1's training
+context, folders, study files, and refusals (issue 15). Parameter counts are the published ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetersim import build
+from hetersim.catalog import model_from_hf_config
+from hetersim.catalog.models import HF_TRAINING_SEQ_LEN_CAP
+from hetersim.terms.flops import embedding_params, layer_params, model_flops_per_token, total_params
+from tests.test_cli import assert_user_error, run, run_json
+
+# google/gemma-7b config.json (the keys that matter; hidden_act "gelu", head_dim 256 != 3072/16).
+GEMMA_7B = {
+    "architectures": ["GemmaForCausalLM"],
+    "model_type": "gemma",
+    "head_dim": 256,
+    "hidden_act": "gelu",
+    "hidden_size": 3072,
+    "intermediate_size": 24576,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 16,
+    "rope_scaling": None,
+    "vocab_size": 256000,
+}
+# google/gemma-2b config.json (multi-query: one KV head).
+GEMMA_2B = {
+    **GEMMA_7B,
+    "hidden_size": 2048,
+    "intermediate_size": 16384,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 18,
+    "num_key_value_heads": 1,
+}
+# meta-llama/Llama-3.1-8B config.json.
+LLAMA31_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "tie_word_embeddings": False,
+    "vocab_size": 128256,
+}
+# mistralai/Mixtral-8x7B-v0.1 config.json (eight experts per layer, two routed per token).
+MIXTRAL = {
+    **LLAMA31_8B,
+    "model_type": "mixtral",
+    "max_position_embeddings": 32768,
+    "rope_scaling": None,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+}
+
+
+def write(folder: Path, config: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder / "config.json"
+
+
+def params(entry) -> float:
+    return float(total_params(build.model_spec(entry)))
+
+
+def test_gemma_7b_reads_as_8_54b_parameters(tmp_path):
+    """Gemma report (arXiv 2403.08295) Table 2: 7,751,248,896 non-embedding parameters, 786,825,216
+    embedding ones (a vocabulary padded to 256,128; the config's 256,000 gives 786,432,000)."""
+    entry = model_from_hf_config(write(tmp_path / "gemma-7b", GEMMA_7B))
+    m = build.model_spec(entry)
+    assert entry["head_dim"] == 256 and entry["mlp"] == "gated" and entry["tied_embeddings"] is True
+    non_embedding = float(m.layers * layer_params(m) + m.hidden)  # + the final norm
+    assert non_embedding == 7_751_248_896
+    assert float(embedding_params(m) - m.hidden) == 256_000 * 3072
+    assert params(entry) == pytest.approx(8.54e9, abs=0.005e9)
+    # Ignoring head_dim (192 = hidden/heads) and GeGLU (a two-matrix MLP) gives the issue's 6.07B.
+    assert params({**entry, "head_dim": None, "mlp": "plain"}) == pytest.approx(6.07e9, abs=0.005e9)
+
+
+def test_gemma_2b_multi_query(tmp_path):
+    """Gemma report Table 2: 1,981,884,416 non-embedding parameters (one KV head of width 256)."""
+    m = build.model_spec(model_from_hf_config(write(tmp_path / "gemma-2b", GEMMA_2B)))
+    assert float(m.layers * layer_params(m) + m.hidden) == 1_981_884_416
+
+
+def test_head_width_reaches_the_flops(tmp_path):
+    """Model FLOPs per token = 6 x the layer weights (norms aside) + attention 6*s*a*d per layer +
+    the LM head: with Gemma's d = 256 every term uses the head width, not hidden/heads."""
+    m = build.model_spec(model_from_hf_config(write(tmp_path / "gemma-7b", GEMMA_7B)))
+    s = 8192.0
+    expected = (
+        6.0 * m.layers * (layer_params(m) - 2.0 * m.hidden) + 6.0 * s * 16 * 256 * m.layers + 6.0 * m.vocab * m.hidden
+    )
+    assert float(model_flops_per_token(m, s)) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_llama31_trains_at_its_pretraining_context(tmp_path):
+    """Llama-3.1 serves 131,072 tokens but pre-trains at 8,192 (arXiv 2407.21783 Sec. 3.4): the
+    config's rope_scaling.original_max_position_embeddings is the training default, and says so."""
+    entry = model_from_hf_config(write(tmp_path / "llama31", LLAMA31_8B))
+    assert entry["seq_len"] == 8192 and "original_max_position_embeddings" in entry["source"]
+    assert params(entry) == 8_030_261_248  # Llama 3.1 8B's published count, 8.03B
+    # Without rope_scaling the served context is capped at the training default, and the source says so.
+    capped = model_from_hf_config(write(tmp_path / "capped", {**LLAMA31_8B, "rope_scaling": None}))
+    assert capped["seq_len"] == HF_TRAINING_SEQ_LEN_CAP and "capped" in capped["source"]
+
+
+def test_mixtral_is_refused(tmp_path):
+    path = write(tmp_path / "mixtral", MIXTRAL)
+    with pytest.raises(ValueError, match="num_local_experts = 8: mixture-of-experts") as info:
+        model_from_hf_config(path)
+    assert str(info.value).startswith(f"config file {path}")
+    with pytest.raises(ValueError, match="encoder-decoder|decoder-only"):
+        model_from_hf_config(write(tmp_path / "t5", {**LLAMA31_8B, "is_encoder_decoder": True}))
+
+
+def test_cli_takes_a_folder_and_refuses_what_it_cannot_read(tmp_path):
+    write(tmp_path / "gemma-7b", GEMMA_7B)
+    base = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
+    out = run_json([*base, "--model", tmp_path / "gemma-7b"])
+    assert out["params"] == pytest.approx(8.54e9, abs=0.005e9) and out["plan"]["seq_len"] == 8192
+    write(tmp_path / "mixtral", MIXTRAL)
+    assert_user_error(run([*base, "--model", tmp_path / "mixtral"]), "num_local_experts", "mixture-of-experts")
+    (tmp_path / "empty").mkdir()
+    assert_user_error(run([*base, "--model", tmp_path / "empty"]), "config.json")
+
+
+def test_a_study_names_a_config_json(tmp_path):
+    from dse.study import load_study
+
+    write(tmp_path / "models" / "gemma-7b", GEMMA_7B)
+    study = tmp_path / "gemma.toml"
+    study.write_text(
+        'name = "gemma"\n[model]\nkey = ["models/gemma-7b/config.json", "llama2-7b"]\n'
+        '[hardware]\ngpu = "h100-sxm-80gb"\nn_gpus = 8\n[plan]\nglobal_batch = 8\nseq_len = 4096\ntp = [1, 2]\n'
+    )
+    s = load_study(study)
+    assert s.models["models/gemma-7b/config.json"]["head_dim"] == 256
+    assert np.isclose(params(s.models["models/gemma-7b/config.json"]), 8.5377e9, rtol=1e-4)
+
+
+# calculon-ai/calculon models/megatron-1T.json at commit 4f81f029.
+CALCULON_1T = {
+    "hidden": 25600,
+    "feedforward": 102400,
+    "seq_size": 2048,
+    "attn_heads": 160,
+    "attn_size": 160,
+    "num_blocks": 128,
+}
+
+
+def test_calculon_model_file_reads_as_megatrons_1t_model(tmp_path):
+    """Calculon's megatron-1T.json is the 1T model of Narayanan et al. SC'21 Table 1: 1008.0B
+    parameters (biases and the 2048 position embeddings, which the model leaves out, are 0.06B)."""
+    from hetersim.catalog import model_from_json
+
+    path = tmp_path / "megatron-1T.json"
+    path.write_text(json.dumps(CALCULON_1T))
+    entry = model_from_json(path)
+    assert (entry["layers"], entry["head_dim"], entry["vocab"], entry["mlp"], entry["seq_len"]) == (
+        128,
+        160,
+        51200,
+        "plain",
+        2048,
+    )
+    assert params(entry) == pytest.approx(1008.0e9, abs=0.1e9)
+    base = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "512", "--global-batch", "512", "--tp", "8", "--pp", "64"]
+    assert run_json([*base, "--model", path])["params"] == params(entry)
+    bad = tmp_path / "typo.json"
+    bad.write_text(json.dumps({**CALCULON_1T, "feed_forward": 1}))
+    assert_user_error(run([*base, "--model", bad]), "typo.json", "unknown key 'feed_forward'")
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps({**CALCULON_1T, "num_experts": 8}))
+    assert_user_error(run([*base, "--model", moe]), "num_experts", "mixture-of-experts")
