@@ -333,26 +333,23 @@ def _rows_table(title: str, rows: Iterable[Mapping[str, Any]]) -> Table:
     return t
 
 
-def print_validation(con: Console, report: Mapping[str, Any], worst: int) -> None:
-    rows = report["rows"]
-    con.print(_rows_table(f"Published runs ({report['n_runs']})", rows))
-    t = Table(title="Per source", title_justify="left")
-    t.add_column("source", overflow="fold")
+def _group_table(title: str, what: str, groups: Mapping[str, Mapping[str, Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    t.add_column(what, overflow="fold")
     t.add_column("runs", justify="right")
     t.add_column("MAPE %", justify="right")
     t.add_column("max |error| %", justify="right")
-    for label, s in report["per_source"].items():
+    for label, s in groups.items():
         t.add_row(label, str(s["n"]), _pct(s["mape_pct"]), _pct(s["max_abs_error_pct"]))
-    con.print(t)
+    return t
+
+
+def print_validation(con: Console, report: Mapping[str, Any], worst: int) -> None:
+    rows = report["rows"]
+    con.print(_rows_table(f"Published runs ({report['n_runs']})", rows))
+    con.print(_group_table("Per source", "source", report["per_source"]))
     if report.get("per_stack"):
-        t = Table(title="Per software stack (hetersim/catalog/stacks.toml)", title_justify="left")
-        t.add_column("stack")
-        t.add_column("runs", justify="right")
-        t.add_column("MAPE %", justify="right")
-        t.add_column("max |error| %", justify="right")
-        for label, s in report["per_stack"].items():
-            t.add_row(label, str(s["n"]), _pct(s["mape_pct"]), _pct(s["max_abs_error_pct"]))
-        con.print(t)
+        con.print(_group_table("Per software stack (hetersim/catalog/stacks.toml)", "stack", report["per_stack"]))
     stacks: dict[str, int] = {}
     for r in rows:
         if r.get("stack"):

@@ -54,6 +54,30 @@ def default_path() -> Path:
     return Path(str(resources.files("hetersim") / "catalog" / "stacks.toml"))
 
 
+def read_stacks_file(path: Path) -> dict:
+    """A stacks TOML file (profiles here, published runs' source entries in ``data/``), with
+    one-line errors naming it."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text (UTF-8) stacks file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+
+
+def check_table(path: Path, key: str, entry, allowed) -> str:
+    """``entry`` is a table whose keys are all ``allowed``; returns the ``where`` of its errors."""
+    where = f"{path}: stack {key}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a table")
+    unknown = sorted(set(entry) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    return where
+
+
 def _choice(where: str, key: str, value, options: tuple[str, ...]) -> str:
     if value not in options:
         raise ValueError(f"{where}: {key} must be one of {', '.join(options)}; got {value!r}")
@@ -61,12 +85,7 @@ def _choice(where: str, key: str, value, options: tuple[str, ...]) -> str:
 
 
 def _profile(path: Path, key: str, entry) -> Profile:
-    where = f"{path}: stack {key}"
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where}: must be a table")
-    unknown = sorted(set(entry) - _KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_KEYS))}")
+    where = check_table(path, key, entry, _KEYS)
     missing = [k for k in _FACTS if k not in entry]
     if missing:
         raise ValueError(f"{where}: missing {missing[0]!r}")
@@ -93,14 +112,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
 def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
     """Every :class:`Stack`'s profile; one-line ``ValueError`` naming the file, stack and key."""
     path = Path(path) if path is not None else default_path()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text (UTF-8) stacks file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    data = read_stacks_file(path)
     unknown = sorted(set(data) - set(Stack.names()))
     if unknown:
         raise ValueError(f"{path}: unknown stack {unknown[0]!r}; allowed: {', '.join(Stack.names())}")

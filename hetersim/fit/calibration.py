@@ -148,9 +148,15 @@ def write_calibration(path: str | Path, values: Mapping[str, float], meta: Mappi
         lines.append(f"{k} = {float(v):.6g}  # {BOUNDS[k][2]}; bounds [{BOUNDS[k][0]}, {BOUNDS[k][1]}]")
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the calibration TOML file to write")
+    write_atomic(path, "\n".join(lines) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it: a reader sees the old file or
+    the new one, never half of one, and a failed write leaves nothing behind."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text("\n".join(lines) + "\n")
+        tmp.write_text(text)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -265,10 +265,6 @@ def write_intervals(path: str | Path, model: IntervalModel, meta: Mapping[str, A
     for f, meaning in FLAGS.items():
         lines += ["", f"[class.{f}]  # {meaning}", f"n = {model.n[f]}"]
         lines += [f"shift = {model.shift[f]:.6g}", f"extra_var = {model.extra_var[f]:.6g}"]
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from .calibration import write_atomic
+
+    write_atomic(path, "\n".join(lines) + "\n")

@@ -10,11 +10,11 @@ the time a kernel takes still comes from the device's measured utilisation.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from ..stacks import check_table, read_stacks_file
 from ..types import ATTENTION, STACK
 
 __all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
@@ -42,22 +42,10 @@ def default_stacks_path() -> Path:
 def load_stacks(path: str | Path | None = None) -> list[Stack]:
     """Read a stacks file; one-line ``ValueError`` naming the file, entry and key on bad input."""
     path = Path(path) if path is not None else default_stacks_path()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text (UTF-8) stacks file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    data = read_stacks_file(path)
     out = []
     for key, entry in data.items():
-        where = f"{path}: stack {key}"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: must be a table")
-        unknown = sorted(set(entry) - _FIELDS)
-        if unknown:
-            raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_FIELDS))}")
+        where = check_table(path, key, entry, _FIELDS)
         match = entry.get("match")
         if not isinstance(match, list) or not match or not all(isinstance(m, str) and m.strip() for m in match):
             raise ValueError(f"{where}: match must be a non-empty list of source substrings")
