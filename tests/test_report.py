@@ -18,7 +18,8 @@ import xarray as xr
 from dse import sweep
 from dse.cli.report import report_command
 from dse.pareto import hypervolume, pareto_front, pareto_mask
-from dse.report import build_report, open_results, write_report
+from dse.report import build_report, open_results, validation, write_report
+from dse.report.figures import HeatPanel, heatmap_figure
 
 # --------------------------------------------------------------------------------------------
 # Non-dominated sorting
@@ -199,9 +200,12 @@ def tiny_nc(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def report(tiny_nc):
-    """The report of the tiny sweep, with the validation run, in the default folder."""
-    return build_report(tiny_nc)
+def report(tiny_nc, tmp_path_factory):
+    """The report of the tiny sweep, with the validation run, in the default folder (its cache in
+    a temporary folder, not the user's)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        return build_report(tiny_nc)
 
 
 def test_report_writes_page_and_figures(tiny_nc, report):
@@ -225,6 +229,8 @@ def test_report_writes_page_and_figures(tiny_nc, report):
     for href in re.findall(r'href="([^"]+)"', page):
         assert href.startswith("data:") or (out / href).is_file(), href
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page
+    assert "not sampled" not in page  # a sweep evaluates every cell of its grid
+    assert "token budget</dt><dd>1e+11 tokens" in page
     s = report.summary
     assert s["n_feasible"] > 0 and len(s["pareto"]) >= 1
     assert s["validation"]["n_runs"] > 0 and s["validation"]["mape_step_time_pct"] > 0
@@ -395,3 +401,113 @@ def test_bad_input_is_one_line_value_error(tiny_nc, tmp_path):
         assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="lacks variable"):
         open_results(tmp_path / "nocost.nc")
+
+
+# --------------------------------------------------------------------------------------------
+# The validation cache
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def counted(tmp_path, monkeypatch):
+    """validation.compute replaced by a counter; its inputs one file in tmp_path; the cache there."""
+    calls = []
+    source = tmp_path / "runs.csv"
+    source.write_text("id,step_time_s\na,1.0\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(validation, "inputs", lambda: [source])
+    monkeypatch.setattr(validation, "compute", lambda: calls.append(1) or fake_validation(10.0 + len(calls)))
+    return calls, source
+
+
+def fake_validation(mape: float) -> dict:
+    return {
+        "n_runs": 3,
+        "n_complete": 2,
+        "n_infeasible": 0,
+        "mape_step_time_pct": mape,
+        "mape_step_time_pct_complete": mape / 2,
+        "max_abs_error_pct": 2 * mape,
+        "per_source": {"paper": {"n": 3, "mape_pct": mape, "max_abs_error_pct": 2 * mape}},
+    }
+
+
+def test_validation_is_computed_once_per_input(counted):
+    calls, source = counted
+    first = validation.validation_summary()
+    assert validation.validation_summary() == first == fake_validation(11.0) and len(calls) == 1
+    assert len(list((source.parent / "cache" / "hetersim").glob("validation-*.json"))) == 1
+    source.write_text("id,step_time_s\na,2.0\n")  # a changed input: a new fingerprint, recomputed
+    assert validation.validation_summary() == fake_validation(12.0) and len(calls) == 2
+    assert validation.validation_summary()["mape_step_time_pct"] == 12.0 and len(calls) == 2
+
+
+def test_unreadable_validation_cache_is_recomputed(counted):
+    calls, source = counted
+    validation.validation_summary()
+    (cached,) = (source.parent / "cache" / "hetersim").glob("validation-*.json")
+    for k, broken in enumerate(('{"truncated": ', '{"mape_step_time_pct": 1.0}')):  # cut short; from an old version
+        cached.write_text(broken)
+        assert validation.validation_summary() == fake_validation(12.0 + k) and len(calls) == 2 + k
+        assert json.loads(cached.read_text()) == fake_validation(12.0 + k)  # rewritten whole
+    assert validation.validation_summary() == fake_validation(13.0) and len(calls) == 3
+
+
+def test_second_report_reads_the_cached_validation(tiny_nc, tmp_path, counted, monkeypatch):
+    calls, _ = counted
+    monkeypatch.setattr("dse.report.build.Figures.add", lambda self, fig, name, caption: "")  # no files
+    for k in range(2):
+        rep = build_report(tiny_nc, tmp_path / f"rep{k}")
+        assert rep.summary["validation"] == fake_validation(11.0)
+        assert "MAPE) of <b>11.0 %" in rep.index.read_text()
+    assert len(calls) == 1
+
+
+def test_validation_fingerprint_follows_the_packaged_inputs():
+    paths = validation.inputs()
+    names = {p.name for p in paths}
+    assert {"published_runs.csv", "calibration.toml"} <= names and all(p.is_file() for p in paths)
+    assert validation.fingerprint() == validation.fingerprint(paths) != validation.fingerprint(paths[1:])
+
+
+# --------------------------------------------------------------------------------------------
+# Results of `hetersim optimize`
+# --------------------------------------------------------------------------------------------
+
+
+def test_heatmap_cell_never_sampled_says_so():
+    grid = np.array([[1.0, np.nan], [np.nan, 2.0]])
+    sampled = np.array([[True, True], [False, True]])
+    fig = heatmap_figure([HeatPanel("", grid, ["a", "b"], ["x", "y"], sampled)], "x", "y", "v", "min")
+    texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in fig.axes[0].texts}
+    assert texts == {(0, 0): "1", (1, 0): "–", (0, 1): "not\nsampled", (1, 1): "2"}
+
+
+def test_report_of_a_search_names_gaps_budget_and_hardware(tiny_nc, tmp_path):
+    """A dataset shaped like ``hetersim optimize`` output: records along ``trial``, a searched
+    hardware parameter among ``outer_variables``, the token budget only in the study file, and
+    tp 4 × pp 2 never tried while tp 4 × pp 1 was tried but nothing there is feasible."""
+    with xr.open_dataset(tiny_nc) as ds:
+        ds = ds.load()
+    gpus = ds["gpu"].attrs["flag_meanings"].split()
+    gpu, n = ds["gpu"].values, ds["n_gpus"].values
+    ds["hbm_bw_GBps"] = ("config", np.where(gpu == gpus.index("h100-sxm-80gb"), 3350.0, 2039.0) + 0.5 * n)
+    ds["hbm_bw_GBps"].attrs.update(units="GB/s", long_name="searched hardware parameter gpu.hbm_bw_GBps")
+    tp, pp = ds["tp"].values, ds["pp"].values
+    ds["feasible"][:] = np.where((tp == 4) & (pp == 1), 0, ds["feasible"].values)
+    ds = ds.isel(config=np.flatnonzero(~((tp == 4) & (pp == 2)))).rename({"config": "trial"})
+    ds.attrs["outer_variables"] = "gpu n_gpus hbm_bw_GBps"
+    del ds.attrs["fixed_plan"]
+    path = tmp_path / "search.optimize.nc"
+    ds.to_netcdf(path)
+    rep = build_report(path, tmp_path / "rep", validation=False)
+    page = rep.index.read_text()
+    assert "token budget</dt><dd>1e+11 tokens" in page
+    assert "heatmap_tp_pp_time_to_train_s" in rep.figures
+    assert "not sampled: the search tried no configuration there" in page
+    svg = rep.figures["heatmap_tp_pp_time_to_train_s"]["svg"].read_text()
+    assert svg.count("sampled") == 1 and "–" in svg  # one gap; the tried tp 4 × pp 1 cell has a dash
+    best = {row["hbm_bw_GBps"] for row in rep.summary["pareto"]}
+    front = rep.figures["front_cost"]["svg"].read_text()
+    assert any(f"hbm_bw_GBps={v:g}" in front for v in best)
+    assert f"hbm_bw_GBps={rep.summary['pareto'][0]['hbm_bw_GBps']:g}" in page

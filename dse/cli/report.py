@@ -51,7 +51,7 @@ def report_command(path: Path, out: Path | None, json_out: bool, validation: boo
 def report_cmd(
     path: Path = typer.Argument(..., help="Results dataset (.nc) from `hetersim sweep` or `hetersim optimize`."),
     out: Path | None = typer.Option(None, "--out", help="Output folder [default: results/X.nc -> results/X/]."),
-    no_validation: bool = typer.Option(False, "--no-validation", help="Skip the model's validation run (~10 s)."),
+    no_validation: bool = typer.Option(False, "--no-validation", help="Skip validation (~1 min, then cached)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (Pareto set, figures, validation) as JSON."),
 ) -> None:
     """Write an offline HTML report: Pareto fronts, breakdowns, memory, heat maps, validation error."""

@@ -21,11 +21,12 @@ or one that lacks a variable the report cannot do without, is a one-line ``Value
 
 Modules: :mod:`dse.report.results` (reading the dataset), :mod:`dse.report.sections` (the
 sections with figures), :mod:`dse.report.figures` (drawing them), :mod:`dse.report.page` (tables,
-text and the page), :mod:`dse.report.build` (writing it all: :func:`build_report`).
+text and the page), :mod:`dse.report.validation` (the validation numbers, cached),
+:mod:`dse.report.build` (writing it all: :func:`build_report`).
 """
 
 from dse.report.build import Report, build_report, default_out_dir, write_report
-from dse.report.page import pareto_records, pareto_table, section_validation, validation_summary
+from dse.report.page import pareto_records, pareto_table, section_validation
 from dse.report.results import (
     COLUMNS,
     REQUIRED,
@@ -50,6 +51,7 @@ from dse.report.sections import (
     section_sensitivity,
     sensitivity_items,
 )
+from dse.report.validation import validation_summary
 
 __all__ = [
     "COLUMNS",

@@ -15,7 +15,6 @@ from dse.report.page import (
     pareto_table,
     render_page,
     section_validation,
-    validation_summary,
 )
 from dse.report.results import load, pareto_set, streamed
 from dse.report.sections import (
@@ -27,6 +26,7 @@ from dse.report.sections import (
     section_memory_tiers,
     section_sensitivity,
 )
+from dse.report.validation import validation_summary
 
 
 @dataclass
@@ -52,7 +52,8 @@ def build_report(
 ) -> Report:
     """Write the report of ``nc_path`` into ``out_dir`` (default: beside it, named after it) and
     return what was written with a JSON-able summary. ``validation`` False skips the model's
-    validation run (a few seconds of JAX) and says so in the page; ``progress`` hears each stage
+    validation run (a minute of JAX the first time, then read from the cache of
+    :mod:`dse.report.validation`) and says so in the page; ``progress`` hears each stage
     once the dataset has been read."""
     progress = progress or (lambda _message: None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
@@ -65,7 +66,7 @@ def build_report(
         records = pareto_records(r, pareto)
         v, v_error = None, None
         if validation:
-            progress("validating the model against the published runs (--no-validation skips it)")
+            progress("validating the model against the published runs (cached once done; --no-validation skips it)")
             try:
                 v = validation_summary()
             except (ValueError, OSError) as error:

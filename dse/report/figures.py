@@ -296,6 +296,7 @@ class HeatPanel:
     grid: np.ndarray  # (len(rows), len(cols)); NaN where no feasible configuration
     rows: list[str]
     cols: list[str]
+    sampled: np.ndarray | None = None  # False where no configuration was evaluated (a search's gaps)
 
 
 def cell_text(v: float) -> str:
@@ -314,7 +315,8 @@ def _norm(grid: np.ndarray):
 
 
 def heatmap_figure(panels: Sequence[HeatPanel], xlabel: str, ylabel: str, cbar_label: str, sense: str) -> Figure:
-    """Best value per cell, annotated; empty cells grey with a dash. Better values are lighter.
+    """Best value per cell, annotated; empty cells grey with a dash, or "not sampled" where the
+    panel's ``sampled`` says no configuration was evaluated. Better values are lighter.
     Each panel has its own colour scale (panels are different models)."""
     with style():
         n = len(panels)
@@ -340,6 +342,8 @@ def heatmap_figure(panels: Sequence[HeatPanel], xlabel: str, ylabel: str, cbar_l
                     ax.text(
                         j, i, cell_text(v), ha="center", va="center", fontsize=7, color="white" if dark else "black"
                     )
+                elif p.sampled is not None and not p.sampled[i, j]:
+                    ax.text(j, i, "not\nsampled", ha="center", va="center", fontsize=6, color="0.45")
                 else:
                     ax.text(j, i, "–", ha="center", va="center", fontsize=8, color="0.5")
             fig.colorbar(image, ax=ax, label=wrap(cbar_label, 34), shrink=0.9)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import platform
+import tomllib
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
@@ -74,15 +75,6 @@ def pareto_table(r: Results, records: list[dict[str, Any]]) -> str:
     return f"<div class=scroll><table><tr>{''.join(head)}</tr>{''.join(body)}</table></div>{more}"
 
 
-def validation_summary() -> dict[str, Any]:
-    """The model's step-time error against the published runs (``hetersim validate``)."""
-    from hetersim.catalog import load_catalog
-    from hetersim.fit import as_spec, default_runs_path, load_calibration, read_runs, validate
-
-    report = validate(read_runs(default_runs_path()), load_catalog(), as_spec(load_calibration()))
-    return {k: v for k, v in report.items() if k != "rows"}
-
-
 def section_validation(v: Mapping[str, Any] | None, error: str | None) -> str:
     head = "<h2>How far to trust it: validation against published runs</h2>"
     if error is not None:
@@ -142,9 +134,22 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 1em}dt{font-weigh
 """
 
 
+def token_budget(ds) -> float | None:
+    """The study's ``train_tokens``: from a sweep's ``fixed_plan``, else from the study file an
+    optimize dataset carries (``study_toml``); None when neither has it."""
+    fixed = json.loads(ds.attrs.get("fixed_plan", "{}") or "{}")
+    if "train_tokens" not in fixed:
+        try:
+            fixed = tomllib.loads(str(ds.attrs.get("study_toml", ""))).get("plan", {})
+        except tomllib.TOMLDecodeError:
+            return None
+    value = fixed.get("train_tokens") if isinstance(fixed, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _overview(r: Results, pareto: np.ndarray) -> str:
     attrs = r.ds.attrs
-    fixed = json.loads(attrs.get("fixed_plan", "{}") or "{}")
+    tokens = token_budget(r.ds)
     reasons = _infeasible_counts(r)
     items = {
         "dataset": str(r.path),
@@ -152,7 +157,7 @@ def _overview(r: Results, pareto: np.ndarray) -> str:
         "not feasible because": ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in reasons.items()) or "–",
         "objectives": ", ".join(f"{s} {o}" for o, s in zip(r.objectives, r.senses, strict=True)),
         "constraints": attrs.get("constraints", "{}"),
-        "token budget": f"{fixed['train_tokens']:.4g} tokens" if "train_tokens" in fixed else "–",
+        "token budget": f"{tokens:.4g} tokens" if tokens is not None else "–",
         "axes that vary": ", ".join(r.varying) or "–",
         "Pareto set": f"{len(pareto)} configurations (per model, over the objectives)",
     }

@@ -103,6 +103,7 @@ class Results:
     group_names: list[str]
     varying: list[str]  # columns with more than one value among feasible configurations
     notes: list[str] = field(default_factory=list)
+    searched: list[str] = field(default_factory=list)  # hardware parameters an optimize search set
 
     def values(self, name: str, idx: np.ndarray | None = None) -> np.ndarray:
         var = self.ds[name]
@@ -122,6 +123,7 @@ class Results:
             parts.insert(0, str(model))
         if row:
             parts.append(planfields.layout_label({c: v == "on" if c == "sp" else v for c, v in row.items()}))
+        parts += [f"{name}={float(self.ds[name].values[i]):g}" for name in self.searched]
         return " ".join(parts)
 
 
@@ -138,7 +140,9 @@ def load(path: str | Path) -> Results:
     varying = [
         c for c in COLUMNS if c in ds.variables and feasible.any() and len(np.unique(ds[c].values[feasible])) > 1
     ]
-    r = Results(Path(path), ds, feasible, objectives, senses, group, names, varying)
+    outer = str(ds.attrs.get("outer_variables", "")).split()
+    searched = [v for v in outer if v in ds.variables and v not in COLUMNS]
+    r = Results(Path(path), ds, feasible, objectives, senses, group, names, varying, searched=searched)
     if streamed(ds):
         r.notes.append(
             f"streamed sweep: the file keeps {ds.sizes['config']:,} of the {int(ds.attrs['n_configs']):,} "

@@ -251,7 +251,7 @@ def section_heatmaps(r: Results, figs: Figures) -> str:
     pairs = [p for p in HEATMAP_PAIRS if p[0] in r.varying and p[1] in r.varying]
     if len(pairs) < MAX_HEATMAPS:
         extra = [c for c in r.varying if c not in ("dp", "global_batch")]
-        pairs += [(a, b) for i, a in enumerate(extra) for b in extra[i + 1 :] if (a, b) not in pairs]
+        pairs += [(a, b) for i, a in enumerate(extra) for b in extra[i + 1 :] if {a, b} not in map(set, pairs)]
     pairs = pairs[:MAX_HEATMAPS]
     if not pairs:
         return head + "<p>Not available: fewer than two study axes vary among the feasible configurations.</p>"
@@ -262,11 +262,12 @@ def section_heatmaps(r: Results, figs: Figures) -> str:
             scale = display(display_units(r.ds[name].attrs), v[r.feasible])
             per_group = "model" not in (a, b) and len(r.group_names) > 1
             groups = np.unique(r.group[r.feasible]) if per_group else [None]
-            panels = []
+            panels, unsampled = [], False
             for g in groups:
                 sel = r.feasible if g is None else r.feasible & (r.group == g)
-                grid, rows, cols = _best_grid(r, a, b, v / scale[0], sel, sense)
-                panels.append(rf.HeatPanel(r.group_names[g] if g is not None else "", grid, rows, cols))
+                grid, rows, cols, sampled = _best_grid(r, a, b, v / scale[0], sel, sense)
+                unsampled = unsampled or not sampled.all()
+                panels.append(rf.HeatPanel(r.group_names[g] if g is not None else "", grid, rows, cols, sampled))
             fig = rf.heatmap_figure(
                 panels,
                 r.ds[b].attrs.get("long_name", b),
@@ -276,21 +277,32 @@ def section_heatmaps(r: Results, figs: Figures) -> str:
             )
             best = "lowest" if sense == "min" else "highest"
             caption = f"{best} {r.ds[name].attrs.get('long_name', name)} among feasible configurations, per {a} × {b}"
-            out.append(figs.add(fig, f"heatmap_{a}_{b}_{name}", caption + "; – : no feasible configuration."))
+            caption += "; – : no feasible configuration"
+            caption += "; not sampled: the search tried no configuration there." if unsampled else "."
+            out.append(figs.add(fig, f"heatmap_{a}_{b}_{name}", caption))
     return "\n".join(out)
 
 
 def _best_grid(r: Results, a: str, b: str, v: np.ndarray, sel: np.ndarray, sense: str):
-    """Best ``v`` over ``sel`` per (a, b) cell: (grid, row labels, column labels)."""
-    av, bv = r.values(a), r.values(b)
-    ua, ia = np.unique(av, return_inverse=True)
-    ub, ib = np.unique(bv, return_inverse=True)
+    """Best ``v`` over ``sel`` per (a, b) cell: (grid, row labels, column labels, sampled), where
+    ``sampled`` marks the cells with any record (feasible or not). Records with no value on an
+    axis (-1: a trial with no runnable layout) are in no cell."""
+    av, bv = r.values(a).astype(np.float64), r.values(b).astype(np.float64)
+    valid = np.isfinite(av) & np.isfinite(bv) & (av >= 0) & (bv >= 0)
+    ua, ia = np.unique(av[valid], return_inverse=True)
+    ub, ib = np.unique(bv[valid], return_inverse=True)
     cell = ia.reshape(-1) * len(ub) + ib.reshape(-1)
     grid = np.full(len(ua) * len(ub), np.inf)
-    signed = v if sense == "min" else -v
-    np.minimum.at(grid, cell[sel], signed[sel])
+    signed = (v if sense == "min" else -v)[valid]
+    np.minimum.at(grid, cell[sel[valid]], signed[sel[valid]])
+    sampled = np.bincount(cell, minlength=len(ua) * len(ub)).reshape(len(ua), len(ub)) > 0
     grid = np.where(np.isinf(grid), np.nan, grid if sense == "min" else -grid).reshape(len(ua), len(ub))
-    return grid, [str(decode(r.ds, a, x)) for x in ua], [str(decode(r.ds, b, x)) for x in ub]
+    rows, cols = [str(decode(r.ds, a, _plain(x))) for x in ua], [str(decode(r.ds, b, _plain(x))) for x in ub]
+    return grid, rows, cols, sampled
+
+
+def _plain(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else float(x)
 
 
 def sensitivity_items(r: Results, pareto: np.ndarray) -> list[tuple[str, float]]:
