@@ -107,8 +107,13 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
 
 
 def stack_fact(values, plan: Plan):
-    """A fact of the plan's software stack (:func:`hetersim.stacks.table`)."""
-    return jnp.asarray(values)[plan.stack_code]
+    """A fact of the plan's software stack (:func:`hetersim.stacks.table`): one compare-and-select
+    per stack, element-wise work that fuses with its consumers (a gather from the table would
+    not, and costs a pass over the batch per fact)."""
+    out = jnp.asarray(values[0])
+    for code in range(1, len(values)):
+        out = jnp.where(plan.stack_code == code, values[code], out)
+    return out
 
 
 def _kernel_ok(dev, code):
