@@ -1,5 +1,5 @@
 """``python -m dse`` runs the ``hetersim`` command line."""
 
-from dse.cli import app
+from dse.entry import main
 
-app(prog_name="hetersim")
+main()

@@ -72,3 +72,16 @@ def test_ctrl_c_during_the_first_compile_exits_130_with_one_line(tmp_path, delay
     rerun.communicate(timeout=600)
     assert rerun.returncode == 0 and (tmp_path / "default.nc").is_file()
     assert not os.path.exists(tmp_path / "default.nc.chunks")
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 0.5])
+def test_ctrl_c_while_the_command_line_starts_is_one_line(delay_s):
+    """The console script (dse.entry) handles SIGINT before it imports typer, rich or JAX."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dse", "validate"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
