@@ -172,16 +172,21 @@ def test_trace_counter_counts_a_new_shape(tmp_path, tiny):
 # --------------------------------------------------------------------------------------------
 
 
-def test_interrupted_sweep_resumes_to_the_same_dataset(tmp_path, tiny):
-    study, full = tiny
-    out = tmp_path / "out"
+def _sweep_interrupted_after(study: Path, out: Path, chunks: int) -> None:
+    """Sweep ``study`` into ``out`` and interrupt it (Ctrl-C) once ``chunks`` chunks are written."""
 
-    def stop_after_two(index: int) -> None:
-        if index == 1:
+    def stop(index: int) -> None:
+        if index == chunks - 1:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=stop_after_two)
+        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=stop)
+
+
+def test_interrupted_sweep_resumes_to_the_same_dataset(tmp_path, tiny):
+    study, full = tiny
+    out = tmp_path / "out"
+    _sweep_interrupted_after(study, out, chunks=2)
     folder = out / "tiny.nc.chunks"
     assert not (out / "tiny.nc").exists()
     assert sorted(p.name for p in folder.glob("chunk_*.npz")) == ["chunk_000000.npz", "chunk_000001.npz"]
@@ -201,13 +206,7 @@ def test_damaged_or_foreign_checkpoint_is_computed_again_with_a_warning(tmp_path
     with one ``warning:`` line and recomputed; the dataset equals the uninterrupted one."""
     study, full = tiny
     out = tmp_path / "out"
-
-    def stop_after_three(index: int) -> None:
-        if index == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(study, out, chunk=CHUNK, progress=False, on_chunk=stop_after_three)
+    _sweep_interrupted_after(study, out, chunks=3)
     folder = out / "tiny.nc.chunks"
     bad = folder / "chunk_000001.npz"
     if damage == "truncated":

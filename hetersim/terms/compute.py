@@ -146,8 +146,10 @@ def kernel_supported(dev, plan):
 
 def _materialized(dev, plan):
     """Attention runs materialised: asked for, or the fused kernel does not exist on the device
-    (then the plan is flagged, and its time stays that of the kernel the device can run)."""
-    return (plan.attention_code == Attention.MATERIALIZED) | ~kernel_supported(dev, plan)
+    (then the plan is flagged, and its time stays that of the kernel the device can run). The
+    plan's kernels are resolved already (:func:`resolve_kernels`, at ``simulate`` and
+    ``layer_costs``)."""
+    return ~_kernel_ok(dev, plan.attention_code) | (plan.attention_code == Attention.MATERIALIZED)
 
 
 def _fused_eff(plan: Plan, fastest, fa2):
