@@ -228,7 +228,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         raise FieldError(f"{{0}} {gb} is not a multiple of {{1}} x dp = {mb} x {dp}", "global_batch", "micro_batch")
     from .simulate import layers_split_for_interleaving
 
-    layers = int(model.get("layers", 0) or 0)
+    layers = int(model.get("layers", 0) or 0) + int(model.get("mtp_layers", 0) or 0)
     if vp > 1 and layers and not bool(layers_split_for_interleaving(layers, pp * vp)):
         raise FieldError(
             f"{{0}} {pp} and {{1}} {vp} do not split the model's {layers} layers into equal chunks "
@@ -237,6 +237,35 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "pp",
             "vp",
         )
+    check_experts(model, resolved)
+
+
+def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """A :class:`FieldError` for an expert-parallel layout Megatron-Core refuses
+    (:func:`hetersim.simulate.expert_layout_bad` flags the same in a sweep)."""
+    ep, etp = int(resolved.get("ep") or 1), int(resolved.get("etp") or 1)
+    tp, cp, dp = (int(resolved.get(k) or 1) for k in ("tp", "cp", "dp"))
+    experts = int(model.get("n_experts", 0) or 0)
+    if experts <= 1:
+        if ep > 1 or etp > 1:
+            raise FieldError(f"{{0}} {ep} and {{1}} {etp}: the model has no experts (use 1)", "ep", "etp")
+        return
+    if experts % ep:
+        raise FieldError(f"{{0}} {ep} does not divide the model's {experts} experts", "ep")
+    if (tp * cp * dp) % (ep * etp):
+        raise FieldError(
+            f"{{0}} {ep} x {{1}} {etp} = {ep * etp} expert ranks do not tile the {tp * cp * dp} ranks of a "
+            f"pipeline stage ({{2}} {tp} x {{3}} {cp} x dp {dp})",
+            "ep",
+            "etp",
+            "tp",
+            "cp",
+        )
+    width = int(model.get("moe_ffn_hidden", 0) or 0)
+    if width % etp:
+        raise FieldError(f"{{0}} {etp} does not divide the expert FFN width {width}", "etp")
+    if tp > 1 and not resolved.get("sp"):
+        raise FieldError(f"an MoE model with {{0}} {tp} needs sequence parallelism (Megatron-Core requires it)", "tp")
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:

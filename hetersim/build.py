@@ -28,6 +28,7 @@ def model_spec(entry: Mapping[str, Any]) -> ModelSpec:
     if mlp not in ("gated", "plain"):
         raise ValueError(f"model mlp must be one of gated, plain; got {mlp!r}")
     gated = mlp == "gated"
+    moe = moe_fields(entry)
     return as_arrays(
         ModelSpec(
             layers=float(entry["layers"]),
@@ -43,7 +44,63 @@ def model_spec(entry: Mapping[str, Any]) -> ModelSpec:
             dropout=float(entry.get("dropout", not gated)),
             rope=float(entry.get("rope", gated)),
             tied_embeddings=float(bool(entry.get("tied_embeddings", False))),
+            **moe,
         )
+    )
+
+
+def _count(entry: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    value = entry.get(key)
+    return float(default if value is None else value)
+
+
+def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
+    """The mixture-of-experts, latent-attention, multi-token-prediction and sliding-window leaves
+    of a model entry (all zero for a dense LLaMA-style model); one-line errors for an entry that
+    contradicts itself.
+
+    ``dense_layers`` leading layers keep a dense FFN (DeepSeek's ``first_k_dense_replace``); of the
+    rest every ``moe_every``-th is an MoE layer (Megatron's ``moe_layer_freq``; Llama 4 Maverick 2).
+    ``shared_ffn_hidden`` is the shared experts' total width, ``shared_experts * moe_ffn_hidden``
+    where the entry gives only the count.
+    """
+    name = entry.get("name", "model")
+    layers = float(entry["layers"])
+    n_exp = _count(entry, "n_experts")
+    top_k = _count(entry, "top_k", 1.0 if n_exp > 0 else 0.0)
+    moe_ffn = _count(entry, "moe_ffn_hidden")
+    if n_exp == 1:
+        n_exp = 0.0  # one expert, top-1: the dense FFN
+    if n_exp > 0:
+        if moe_ffn <= 0:
+            raise ValueError(f"model {name}: n_experts = {n_exp:g} needs moe_ffn_hidden (the FFN width of one expert)")
+        if not 1 <= top_k <= n_exp:
+            raise ValueError(f"model {name}: top_k must be between 1 and n_experts = {n_exp:g}; got {top_k:g}")
+    shared = _count(entry, "shared_ffn_hidden", _count(entry, "shared_experts") * moe_ffn)
+    every = _count(entry, "moe_every", 1.0)
+    dense = _count(entry, "dense_layers")
+    if every < 1 or dense >= layers and n_exp > 0:
+        raise ValueError(
+            f"model {name}: needs moe_every >= 1 and dense_layers < layers = {layers:g}; got {every:g}, {dense:g}"
+        )
+    moe_layers = float((layers - dense) // every) if n_exp > 0 else 0.0
+    kv_lora = _count(entry, "kv_lora_rank")
+    head_dim = float(entry.get("head_dim") or entry["hidden"] / entry["heads"])
+    window = _count(entry, "sliding_window")
+    return dict(
+        n_experts=n_exp,
+        top_k=top_k if n_exp > 0 else 0.0,
+        moe_ffn_hidden=moe_ffn if n_exp > 0 else 0.0,
+        shared_ffn_hidden=shared if n_exp > 0 else 0.0,
+        moe_layers=moe_layers,
+        moe_every=every,
+        q_lora_rank=_count(entry, "q_lora_rank") if kv_lora > 0 else 0.0,
+        kv_lora_rank=kv_lora,
+        rope_head_dim=_count(entry, "qk_rope_head_dim") if kv_lora > 0 else 0.0,
+        v_head_dim=_count(entry, "v_head_dim", head_dim) if kv_lora > 0 else head_dim,
+        mtp_layers=_count(entry, "mtp_layers"),
+        swa_window=window,
+        swa_share=_count(entry, "sliding_window_share", 1.0 if window > 0 else 0.0),
     )
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from . import stacks
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
-from .terms import comm, compute
+from .terms import comm, compute, moe
 from .terms._safe import pos
 from .types import Attention, Recompute
 
@@ -28,6 +28,15 @@ class LayerCosts:
     cp_f: Any  # exposed context-parallel communication, forward
     cp_b: Any  # exposed context-parallel communication, backward
     head: Any  # LM head, loss and embedding (forward + backward) on the stage that holds them
+    # An MoE layer (same attention, the MoE block instead of the dense FFN; zero-cost terms for a
+    # dense model, which has none): compute, recomputation, exposed TP and expert-parallel traffic.
+    moe_f: Any
+    moe_b: Any
+    moe_recomp: Any
+    moe_tp_f: Any
+    moe_tp_b: Any
+    ep_f: Any
+    ep_b: Any
 
 
 def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> LayerCosts:
@@ -37,8 +46,12 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     T = plan.micro_batch * plan.seq_len / plan.cp
     act = compute.act_bytes(plan)
 
-    gemm_f = compute.layer_gemm_fwd_s(dev, cal, model, plan)
-    gemm_b = compute.layer_gemm_bwd_s(dev, cal, model, plan)
+    attn_shapes = compute.attn_gemm_shapes(model, plan)
+    mlp_shapes = compute.mlp_gemm_shapes(model, plan)
+    attn_gemm_f = compute.gemms_fwd_s(dev, cal, plan, attn_shapes)
+    attn_gemm_b = compute.gemms_bwd_s(dev, cal, plan, attn_shapes)
+    gemm_f = attn_gemm_f + compute.gemms_fwd_s(dev, cal, plan, mlp_shapes)
+    gemm_b = attn_gemm_b + compute.gemms_bwd_s(dev, cal, plan, mlp_shapes)
     attn_f = compute.attention_fwd_s(dev, cal, model, plan)
     attn_b = compute.attention_bwd_s(dev, cal, model, plan)
     ew_f = compute.layer_elementwise_fwd_s(dev, cal, model, plan)
@@ -63,7 +76,13 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
 
     # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
     # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
-    kv_bytes = 2.0 * T * model.kv_heads * model.head_dim / plan.tp * act
+    # MLA passes its up-projected keys and values (a*(d + d_r) and a*d_v per token).
+    kv_width = jnp.where(
+        model.kv_lora_rank > 0,
+        model.heads * (model.head_dim + model.rope_head_dim + model.v_head_dim),
+        2.0 * model.kv_heads * model.head_dim,
+    )
+    kv_bytes = T * kv_width / plan.tp * act
     ring_step = comm.p2p_s(net, s_cp, kv_bytes)
     cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
     cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)
@@ -77,7 +96,42 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
         rc == Recompute.FULL, layer_f + tp_f + cp_f, jnp.where(rc == Recompute.SELECTIVE, selective, 0.0)
     )
     head = compute.head_s(dev, cal, model, plan)
-    return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head)
+
+    # An MoE layer: the attention part of the dense layer, then router, permutation, the routed
+    # experts' grouped GEMMs and the shared experts (hetersim.terms.moe).
+    attn_ew_f = compute.attn_elementwise_fwd_s(dev, cal, model, plan)
+    shared = moe.shared_shapes(model, plan)
+    router = [(moe.local_tokens(plan), model.n_experts, model.hidden, jnp.where(moe.is_moe(model), 1.0, 0.0))]
+    block_ew_f = moe.block_elementwise_fwd_s(dev, cal, model, plan)
+    moe_gemm_f = compute.gemms_fwd_s(dev, cal, plan, shared + router) + moe.experts_fwd_s(dev, cal, model, plan)
+    moe_gemm_b = compute.gemms_bwd_s(dev, cal, plan, shared + router) + moe.experts_bwd_s(dev, cal, model, plan)
+    moe_f = attn_gemm_f + attn_f + attn_ew_f + moe_gemm_f + block_ew_f
+    moe_b = attn_gemm_b + attn_b + 2.0 * (attn_ew_f + block_ew_f) + moe_gemm_b
+    # Tensor parallel: the attention block's collectives, and the shared experts' where there are
+    # any (the routed experts run on sequence-parallel tokens and need none).
+    tp_share = 0.5 * (1.0 + jnp.where(model.shared_ffn_hidden > 0, 1.0, 0.0))
+    moe_tp_f = jnp.where(plan.tp > 1, (1.0 - tp_hidden) * tp_share * tp_pass, 0.0)
+    moe_tp_b = jnp.where(plan.tp > 1, pos(tp_share * tp_pass - 0.5 * (attn_gemm_b + moe_gemm_b)), 0.0)
+    # Dispatch and combine sit between dependent steps of the layer: exposed in both passes,
+    # unless the stack runs Megatron-Core's 1F1B all-to-all overlap (overlap_moe_expert_parallel_comm:
+    # one micro-batch's forward and another's backward are merged, each one's all-to-all running
+    # under the other's compute; megatron/core/pipeline_parallel/combined_1f1b.py), which leaves
+    # only what the other pass's compute cannot cover.
+    ep_pass = jnp.where(moe.is_moe(model), moe.ep_comm_s(net, model, plan), 0.0)
+    overlap = plan.ep_overlap > 0
+    ep_f = jnp.where(overlap, pos(ep_pass - moe_b), ep_pass)
+    ep_b = jnp.where(overlap, pos(ep_pass - moe_f), ep_pass)
+    moe_selective = attn_f + jnp.where(
+        plan.attention_code != Attention.MATERIALIZED, moe.moe_act_fn_s(dev, cal, model, plan), 0.0
+    )
+    moe_recomp = jnp.where(
+        rc == Recompute.FULL,
+        moe_f + moe_tp_f + cp_f + ep_f,
+        jnp.where(rc == Recompute.SELECTIVE, moe_selective, 0.0),
+    )
+    return LayerCosts(
+        layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, moe_f, moe_b, moe_recomp, moe_tp_f, moe_tp_b, ep_f, ep_b
+    )
 
 
 def p2p_chunk_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration):

@@ -16,6 +16,7 @@ STEP_TERMS: dict[str, str] = {
     "cp_comm_s": "exposed context-parallel communication",
     "pp_comm_s": "exposed pipeline point-to-point communication",
     "dp_comm_s": "exposed data-parallel / ZeRO communication",
+    "ep_comm_s": "exposed expert-parallel token dispatch and combine (MoE)",
     "bubble_s": "pipeline bubble (fill and drain)",
     "optimizer_s": "optimizer step",
     "offload_s": "exposed offload traffic",

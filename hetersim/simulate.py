@@ -121,10 +121,9 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     # A stage chunk with no layer at all is impossible. One-chunk stages may split the layers
     # unevenly (Megatron's decoder_first/last_pipeline_num_layers, torchtitan); an interleaved
     # schedule needs layers_split_for_interleaving.
-    f |= _flag(model.layers < plan.pp * plan.vp, Infeasible.LAYERS_DIVIDE)
-    f |= _flag(
-        (plan.vp > 1) & ~layers_split_for_interleaving(model.layers, plan.pp * plan.vp), Infeasible.LAYERS_DIVIDE
-    )
+    layers = memory.stack_layers(model)  # multi-token-prediction layers are pipelined like the others
+    f |= _flag(layers < plan.pp * plan.vp, Infeasible.LAYERS_DIVIDE)
+    f |= _flag((plan.vp > 1) & ~layers_split_for_interleaving(layers, plan.pp * plan.vp), Infeasible.LAYERS_DIVIDE)
     f |= _flag(_not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
     f |= _flag(
         _not_multiple(model.hidden, plan.tp) | _not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE
@@ -134,7 +133,20 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(bad_schedule | (plan.vp < 1), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
+    f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
     return f
+
+
+def expert_layout_bad(model: ModelSpec, plan: Plan):
+    """Megatron-Core's expert-parallel rules (megatron/training/arguments.py and
+    ``ProcessGroupCollection`` under MoE parallel folding): the experts split evenly over ``ep``,
+    the expert groups ``etp*ep`` tile the ``tp*cp*dp`` ranks of a stage, ``etp`` splits the expert
+    width, MoE with tensor parallelism runs sequence-parallel; a dense model has no experts."""
+    moe = model.moe_layers > 0
+    dense_bad = ~moe & ((plan.ep > 1) | (plan.etp > 1))
+    moe_bad = _not_multiple(model.n_experts, plan.ep) | _not_multiple(plan.tp * plan.cp * plan.dp, plan.ep * plan.etp)
+    moe_bad |= _not_multiple(model.moe_ffn_hidden, plan.etp) | ((plan.tp > 1) & (plan.sp <= 0))
+    return dense_bad | (moe & moe_bad)
 
 
 def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
@@ -181,35 +193,54 @@ class PipelineStep:
     recompute_s: Any
     tp_s: Any
     cp_s: Any
+    ep_s: Any
     pp_s: Any
     bubble_s: Any  # per step
     fwd_s: Any  # one micro-batch's forward on the stage (the window for weight gathers)
     bwd_s: Any  # and its backward with recomputation (the window for gradient reductions)
 
 
-def stage_times(lc: LayerCosts, layers, p2p, head) -> dict[str, Any]:
-    """A stage of ``layers`` layers: its per-micro-batch terms and its forward/backward windows."""
+def stage_times(lc: LayerCosts, layers, p2p, head, moe_layers=0.0) -> dict[str, Any]:
+    """A stage of ``layers`` layers, ``moe_layers`` of them MoE layers: its per-micro-batch terms
+    and its forward/backward windows."""
+    d = layers - moe_layers
+    n = moe_layers
     return dict(
-        compute_s=layers * (lc.layer_f + lc.layer_b) + head,
-        recompute_s=layers * lc.recomp,
-        tp_s=layers * (lc.tp_f + lc.tp_b),  # recomputed forwards' traffic is in ``recomp``
+        compute_s=d * (lc.layer_f + lc.layer_b) + n * (lc.moe_f + lc.moe_b) + head,
+        recompute_s=d * lc.recomp + n * lc.moe_recomp,
+        tp_s=d * (lc.tp_f + lc.tp_b) + n * (lc.moe_tp_f + lc.moe_tp_b),  # recomputed forwards' in ``recomp``
         cp_s=layers * (lc.cp_f + lc.cp_b),
+        ep_s=n * (lc.ep_f + lc.ep_b),
         pp_s=p2p,
-        fwd_s=layers * (lc.layer_f + lc.tp_f + lc.cp_f),
-        bwd_s=layers * (lc.layer_b + lc.recomp + lc.tp_b + lc.cp_b),
+        fwd_s=d * (lc.layer_f + lc.tp_f) + n * (lc.moe_f + lc.moe_tp_f + lc.ep_f) + layers * lc.cp_f,
+        bwd_s=d * (lc.layer_b + lc.recomp + lc.tp_b)
+        + n * (lc.moe_b + lc.moe_recomp + lc.moe_tp_b + lc.ep_b)
+        + layers * lc.cp_b,
     )
+
+
+def moe_layer_time(lc: LayerCosts) -> Any:
+    """Seconds one MoE layer adds to its stage per micro-batch."""
+    return lc.moe_f + lc.moe_b + lc.moe_recomp + lc.moe_tp_f + lc.moe_tp_b + lc.cp_f + lc.cp_b + lc.ep_f + lc.ep_b
 
 
 def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> PipelineStep:
     lc = layer_costs(model, system, plan, cal)
     layers = memory.busiest_stage_layers(model, plan)
-    t = stage_times(lc, layers, p2p_chunk_s(model, system, plan, cal), lc.head)
-    t_max = t["compute_s"] + t["recompute_s"] + t["tp_s"] + t["cp_s"] + t["pp_s"]
+    n_moe = memory.moe_stage_layers(model, layers)
+    # Each multi-token-prediction module ends in one more LM head and loss (on the last stage).
+    head = lc.head * (1.0 + model.mtp_layers)
+    t = stage_times(lc, layers, p2p_chunk_s(model, system, plan, cal), head, n_moe)
+    t_max = t["compute_s"] + t["recompute_s"] + t["tp_s"] + t["cp_s"] + t["ep_s"] + t["pp_s"]
     # Fill and drain: every stage but the busiest runs once outside the steady state, divided
     # by the interleaving depth: (sum of stage times - the busiest) / vp. The busiest stage holds
-    # ceil(L/(pp*vp))*vp layers and the LM head; the others share the remaining layers.
-    per_layer = safe_div(t_max - lc.head - t["pp_s"], layers)
-    others = (model.layers - layers) * per_layer + (plan.pp - 1.0) * t["pp_s"]
+    # ceil(L/(pp*vp))*vp layers and the LM head; the others share the remaining layers (the MoE
+    # ones first).
+    total = memory.stack_layers(model)
+    moe_total = memory.moe_stage_layers(model, total)
+    rest_moe = moe_total - n_moe
+    rest_dense = (total - layers) - rest_moe
+    others = rest_dense * layer_time(lc) + rest_moe * moe_layer_time(lc) + (plan.pp - 1.0) * t["pp_s"]
     bubble = jnp.where(plan.pp > 1, others / plan.vp, 0.0)
     return PipelineStep(n_micro=micro_batches(plan), layers=layers, bubble_s=bubble, **t)
 
@@ -228,16 +259,31 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     """
     net = system.network
     _, s_cp, s_dp, _ = comm.strides(plan)
-    p_local = memory.local_params(model, plan)
     n_dp = memory.zero_group(plan)
     s_dpg = jnp.minimum(s_dp, jnp.where(plan.cp > 1, s_cp, s_dp))
-    grad_bytes = p_local * memory.grad_bytes(plan)
-    w_bytes = p_local * memory.WEIGHT_BYTES
-    n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp)), 1.0)
-    n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp, grads=True)), 1.0)
-    ar_bw, ar_lat = comm.all_reduce_parts(net, n_dp, s_dpg, grad_bytes, n_rs)
-    rs_bw, rs_lat = comm.all_gather_parts(net, n_dp, s_dpg, grad_bytes, n_rs)
-    ag_bw, ag_lat = comm.all_gather_parts(net, n_dp, s_dpg, w_bytes, n_ag)
+
+    def parts(p_local, n, stride):
+        """(all-reduce, reduce-scatter, all-gather) (bandwidth, latency) pairs of ``p_local``
+        parameters over a group of ``n`` ranks."""
+        grad_bytes = p_local * memory.grad_bytes(plan)
+        w_bytes = p_local * memory.WEIGHT_BYTES
+        n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n)), 1.0)
+        n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n, grads=True)), 1.0)
+        return (
+            comm.all_reduce_parts(net, n, stride, grad_bytes, n_rs),
+            comm.all_gather_parts(net, n, stride, grad_bytes, n_rs),
+            comm.all_gather_parts(net, n, stride, w_bytes, n_ag),
+        )
+
+    dense = parts(memory.local_params(model, plan), n_dp, s_dpg)
+    # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
+    # ep*etp apart), in the same buckets and windows; none where it has one rank.
+    n_edp = memory.expert_dp(plan)
+    experts = parts(memory.expert_local_params(model, plan), n_edp, plan.ep * plan.etp)
+    on = jnp.where(n_edp > 1, 1.0, 0.0)
+    (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (
+        (d[0] + on * e[0], d[1] + on * e[1]) for d, e in zip(dense, experts, strict=True)
+    )
     win_b = cal.dp_overlap * pipe.bwd_s
     win_f = cal.dp_overlap * pipe.fwd_s
     dp_z0 = pos(ar_bw - win_b) + ar_lat
@@ -247,7 +293,7 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     g = zero3_regather(model, plan)
     z3_mb = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_mb, dp_z12], dp_z0)
-    return jnp.where(n_dp > 1, dp, 0.0)
+    return jnp.where((n_dp > 1) | (n_edp > 1), dp, 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,8 +305,7 @@ def optimizer_offload(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Cal
     """The optimizer step and the offload traffic (:func:`hetersim.terms.offload.offload_cost`);
     ``states``: the (weights, grads, optimizer) bytes per GPU of :func:`memory.state_bytes`."""
     weights, grads, opt = states
-    p_local = memory.local_params(model, plan)
-    opt_params = p_local / jnp.where(plan.zero >= 1, memory.zero_group(plan), 1.0)
+    opt_params = memory.optimizer_params(model, plan)
     _, acts_mb = offload.activation_offload_bytes(model, plan, pipe.n_micro)
     return offload.offload_cost(
         system.host,
@@ -391,6 +436,7 @@ def step_terms(pipe: PipelineStep, dp, oc) -> dict[str, Any]:
         cp_comm_s=m * pipe.cp_s,
         pp_comm_s=m * pipe.pp_s,
         dp_comm_s=dp,
+        ep_comm_s=m * pipe.ep_s,
         bubble_s=pipe.bubble_s,
         optimizer_s=oc.optimizer_s,
         offload_s=oc.exposed_s,

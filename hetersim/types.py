@@ -195,6 +195,7 @@ class Infeasible(enum.IntFlag):
     TIER_MISSING = 512  # offload to a tier the node does not have
     HIDDEN_DIVIDE = 1024  # hidden / ffn / vocab not divisible by tp
     KERNEL = 2048  # the device cannot run the plan's attention kernel
+    EXPERTS = 4096  # an expert-parallel layout that cannot be placed (see REASONS)
 
     @classmethod
     def describe(cls, value: int) -> list[str]:
@@ -215,4 +216,6 @@ REASONS = {
     Infeasible.TIER_MISSING: "offload to a memory tier this node does not have",
     Infeasible.HIDDEN_DIVIDE: "hidden, FFN or vocabulary size is not divisible by tp",
     Infeasible.KERNEL: "the device cannot run this attention kernel (use attention = materialized)",
+    Infeasible.EXPERTS: "expert layout: ep must divide n_experts, ep*etp must divide tp*cp*dp, etp the expert "
+    "width, ep = etp = 1 for a dense model, and an MoE model with tp > 1 needs sequence parallelism",
 }

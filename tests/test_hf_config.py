@@ -124,9 +124,16 @@ def test_llama31_trains_at_its_pretraining_context(tmp_path):
     assert capped["seq_len"] == HF_TRAINING_SEQ_LEN_CAP and "capped" in capped["source"]
 
 
-def test_mixtral_is_refused(tmp_path):
-    path = write(tmp_path / "mixtral", MIXTRAL)
-    with pytest.raises(ValueError, match="num_local_experts = 8: mixture-of-experts") as info:
+def test_mixtral_is_read_with_its_experts_and_an_unknown_moe_type_refused(tmp_path):
+    """Mixtral's 8 experts of 14336 (46.7B parameters, not the 7.2B of one dense FFN); an MoE
+    config of a type the importer does not read is refused, never read as dense."""
+    from hetersim import build
+    from hetersim.terms.flops import total_params
+
+    m = build.model_spec(model_from_hf_config(write(tmp_path / "mixtral", MIXTRAL)))
+    assert float(total_params(m)) == pytest.approx(46.7e9, rel=0.01)
+    path = write(tmp_path / "jamba", {**MIXTRAL, "model_type": "jamba"})
+    with pytest.raises(ValueError, match="num_local_experts = 8: mixture-of-experts model_type 'jamba'") as info:
         model_from_hf_config(path)
     assert str(info.value).startswith(f"config file {path}")
     with pytest.raises(ValueError, match="encoder-decoder|decoder-only"):
@@ -138,8 +145,8 @@ def test_cli_takes_a_folder_and_refuses_what_it_cannot_read(tmp_path):
     base = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
     out = run_json([*base, "--model", tmp_path / "gemma-7b"])
     assert out["params"] == pytest.approx(8.54e9, abs=0.005e9) and out["plan"]["seq_len"] == 8192
-    write(tmp_path / "mixtral", MIXTRAL)
-    assert_user_error(run([*base, "--model", tmp_path / "mixtral"]), "num_local_experts", "mixture-of-experts")
+    write(tmp_path / "jamba", {**MIXTRAL, "model_type": "jamba"})
+    assert_user_error(run([*base, "--model", tmp_path / "jamba"]), "num_local_experts", "mixture-of-experts")
     (tmp_path / "empty").mkdir()
     assert_user_error(run([*base, "--model", tmp_path / "empty"]), "config.json")
 

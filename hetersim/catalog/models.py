@@ -28,9 +28,12 @@ def model_from_dims(
     name: str | None = None,
     tied_embeddings: bool = False,
     head_dim: int | None = None,
+    **optional: Any,
 ) -> Entry:
     """A validated model entry for any transformer given by its dimensions.
 
+    ``optional``: the catalog's optional model fields (``n_experts``, ``top_k``,
+    ``moe_ffn_hidden``, ``kv_lora_rank``, ...; see ``catalog/README.md``).
     Defaults: kv_heads = heads (no GQA); ffn_hidden = 4*hidden for a plain MLP, the LLaMA rule
     (:func:`llama_ffn_hidden`) for a gated one; vocab 32000 and seq_len 4096 as in Llama 2.
     """
@@ -52,6 +55,8 @@ def model_from_dims(
     }
     if head_dim is not None:
         entry["head_dim"] = head_dim
+    # The catalog schema's optional model fields (experts, MLA ranks, ...): checked there.
+    entry.update({k: v for k, v in optional.items() if v is not None})
     return _validated_model("model_from_dims", label, entry)
 
 
@@ -66,7 +71,8 @@ def _validated_model(origin: str, key: str, entry: Entry) -> Entry:
 # SwiGLU in Llama/Mistral/Qwen2, GeGLU in Gemma (its `hidden_act`/`hidden_activation` is a GeLU;
 # transformers' GemmaMLP is `down(act(gate(x)) * up(x))`). Elsewhere a SiLU/SwiGLU activation
 # marks a gated MLP.
-_GATED_TYPES = frozenset({"llama", "mistral", "qwen2", "gemma", "gemma2"})
+_GATED_TYPES = frozenset({"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3",
+                          "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "llama4_text"})
 _GATED_ACTIVATIONS = frozenset({"silu", "swiglu"})
 # `tie_word_embeddings` where a config leaves it out: the transformers config class's default
 # (LlamaConfig, MistralConfig, Qwen2Config: False; GemmaConfig, Gemma2Config, GPT2Config: True).
@@ -76,7 +82,7 @@ _TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "gemma": T
 # Llama-3.1: 8192), else `max_position_embeddings` up to this cap. Llama 3 pre-trains at 8K tokens
 # and adds long context in a final stage (arXiv 2407.21783 Sec. 3.4); pass --seq-len for another.
 HF_TRAINING_SEQ_LEN_CAP = 8192
-# Keys of mixture-of-experts configs (Mixtral, Qwen2-MoE, DeepSeek): MoE layers are not modelled.
+# Keys of mixture-of-experts configs (Mixtral, Qwen2-MoE, DeepSeek): the expert count.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
@@ -92,8 +98,9 @@ def hf_config_path(model: str | Path) -> Path | None:
 def model_from_hf_config(path: str | Path) -> Entry:
     """A validated model entry from a Hugging Face ``config.json`` (or a folder holding one):
     Llama/Mistral/Qwen2/Gemma or GPT-2 style keys; ``head_dim`` where a config sets it; the
-    training context as :data:`HF_TRAINING_SEQ_LEN_CAP` says. Mixture-of-experts and
-    encoder-decoder configs are refused."""
+    training context as :data:`HF_TRAINING_SEQ_LEN_CAP` says; the experts, latent attention,
+    multi-token prediction and sliding windows of the MoE types in :data:`_MOE_TYPES`. MoE
+    configs of other types and encoder-decoder configs are refused."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -109,6 +116,9 @@ def model_from_hf_config(path: str | Path) -> Entry:
             raise _fail(origin, f"missing {' or '.join(repr(k) for k in names)}")
         return default
 
+    if isinstance(config.get("text_config"), dict) and str(config.get("model_type", "")) in _TEXT_CONFIG_TYPES:
+        # Llama 4 (multimodal): the language model's keys sit under text_config.
+        config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}
     _refuse_unmodelled(config, origin)
     model_type = str(config.get("model_type", ""))
     hidden = get("hidden_size", "n_embd")
@@ -133,13 +143,67 @@ def model_from_hf_config(path: str | Path) -> Entry:
     }
     if config.get("head_dim") is not None:
         entry["head_dim"] = config["head_dim"]
+    entry.update(_hf_moe_fields(config, model_type, origin, get))
     return _validated_model(origin, entry["name"], entry)
 
 
+# Mixture-of-experts configs read with their own keys (transformers' configuration_<type>.py):
+# Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (and Kimi-K2, which uses DeepSeek-V3's), GPT-OSS,
+# Llama 4. A config with experts of any other type is refused rather than read as dense.
+_MOE_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "llama4_text"})
+_TEXT_CONFIG_TYPES = frozenset({"llama4"})
+
+
+def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) -> Entry:
+    experts = next((config[k] for k in _MOE_KEYS if _is_number(config.get(k))), 0)
+    out: Entry = {}
+    if experts and experts > 1:
+        out["n_experts"] = experts
+        out["top_k"] = get("num_experts_per_tok", "experts_per_token")
+        if model_type in ("mixtral", "gpt_oss", "llama4_text"):
+            out["moe_ffn_hidden"] = get("intermediate_size")
+        else:
+            out["moe_ffn_hidden"] = get("moe_intermediate_size")
+        if model_type == "llama4_text":  # one shared expert of the routed width; dense layers' FFN
+            out["shared_experts"] = 1
+            out["moe_every"] = config.get("interleave_moe_layer_step") or 1
+            if out["moe_every"] > 1:
+                out["ffn_hidden"] = get("intermediate_size_mlp")
+        if _is_number(config.get("n_shared_experts")):
+            out["shared_experts"] = config["n_shared_experts"]
+        if _is_number(config.get("shared_expert_intermediate_size")) and config["shared_expert_intermediate_size"]:
+            out["shared_ffn_hidden"] = config["shared_expert_intermediate_size"]
+        if _is_number(config.get("first_k_dense_replace")):
+            out["dense_layers"] = config["first_k_dense_replace"]
+        if _is_number(config.get("decoder_sparse_step")) and config["decoder_sparse_step"] > 1:
+            out["moe_every"] = config["decoder_sparse_step"]
+        if config.get("mlp_only_layers"):
+            raise _fail(origin, "mlp_only_layers: dense layers at chosen positions are not modelled")
+    if _is_number(config.get("kv_lora_rank")) and config["kv_lora_rank"]:
+        out["kv_lora_rank"] = config["kv_lora_rank"]
+        out["q_lora_rank"] = config.get("q_lora_rank") or 0
+        out["head_dim"] = get("qk_nope_head_dim")
+        out["qk_rope_head_dim"] = get("qk_rope_head_dim")
+        out["v_head_dim"] = get("v_head_dim")
+    if _is_number(config.get("num_nextn_predict_layers")) and config["num_nextn_predict_layers"]:
+        out["mtp_layers"] = config["num_nextn_predict_layers"]
+    types = config.get("layer_types")
+    if _is_number(config.get("sliding_window")) and isinstance(types, list) and types:
+        share = sum(1 for t in types if t == "sliding_attention") / len(types)
+        if share:
+            out["sliding_window"] = config["sliding_window"]
+            out["sliding_window_share"] = share
+    return out
+
+
 def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
+    model_type = str(config.get("model_type", ""))
     for key in _MOE_KEYS:
-        if _is_number(config.get(key)) and config[key] > 1:
-            raise _fail(origin, f"{key} = {config[key]}: mixture-of-experts layers are not modelled")
+        if _is_number(config.get(key)) and config[key] > 1 and model_type not in _MOE_TYPES:
+            known = ", ".join(sorted(_MOE_TYPES))
+            raise _fail(
+                origin, f"{key} = {config[key]}: mixture-of-experts model_type {model_type!r} is not read (known: {known})"
+            )
     if config.get("is_encoder_decoder"):
         raise _fail(origin, "is_encoder_decoder: only decoder-only transformers are modelled")
 

@@ -198,6 +198,26 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "rope": _FLAG.optional(),
         # Optional: the width of one attention head where it is not hidden / heads (Gemma's 256).
         "head_dim": _COUNT.optional(),
+        # Optional, mixture of experts (hetersim.build.moe_fields): routed experts, experts per
+        # token, one expert's FFN width, shared experts (count, or their total width), leading
+        # dense layers (their FFN is ffn_hidden), every moe_every-th of the others is MoE.
+        "n_experts": _COUNT.optional(),
+        "top_k": _COUNT.optional(),
+        "moe_ffn_hidden": _COUNT.optional(),
+        "shared_experts": _NONNEGATIVE.optional(),
+        "shared_ffn_hidden": _NONNEGATIVE.optional(),
+        "dense_layers": _NONNEGATIVE.optional(),
+        "moe_every": _COUNT.optional(),
+        # Optional, multi-head latent attention (DeepSeek MLA): head_dim is then qk_nope_head_dim.
+        "q_lora_rank": _NONNEGATIVE.optional(),
+        "kv_lora_rank": _NONNEGATIVE.optional(),
+        "qk_rope_head_dim": _NONNEGATIVE.optional(),
+        "v_head_dim": _COUNT.optional(),
+        # Optional: multi-token-prediction modules; sliding-window attention (width, share of layers).
+        "mtp_layers": _NONNEGATIVE.optional(),
+        "sliding_window": _NONNEGATIVE.optional(),
+        "sliding_window_share": _FRACTION.optional(),
+        "aliases": _TEXT.optional(),  # other names the key is looked up by, comma-separated
     },
     "memory": {
         "name": _TEXT,

@@ -108,7 +108,8 @@ def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = Fal
 SYNONYMS = {
     "mlp": {"swiglu": "gated", "geglu": "gated", "glu": "gated", "gelu": "plain", "relu": "plain", "mlp": "plain"},
     "precision": {"bf16-mixed": "bf16", "bfloat16": "bf16", "fp16-mixed": "fp16", "16-mixed": "fp16",
-                  "float16": "fp16", "fp8-hybrid": "fp8", "fp8-e4m3": "fp8", "float32": "fp32", "32": "fp32"},
+                  "float16": "fp16", "fp8-hybrid": "fp8", "fp8-e4m3": "fp8", "float32": "fp32", "32": "fp32",
+                  "mxfp8": "fp8"},
     "recompute": {"no": "none", "off": "none", "false": "none", "0": "none", "block": "full",
                   "uniform": "full", "true": "full", "1": "full"},
 }  # fmt: skip
@@ -150,7 +151,9 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
     # micro-batches than stages is not a schedule anyone runs.
     if pp > 1 and glob // max(micro * dp, 1) < pp and micro % pp == 0:
         micro //= pp
+    moe_plan = _moe(row, model, catalog, path, n)
     plan = dict(
+        **moe_plan,
         n_gpus=n_gpus,
         tp=tp,
         pp=pp,
@@ -172,6 +175,79 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
     return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
 
 
+# The MoE columns of moe_runs.csv (data/README.md); a file without them is dense.
+MOE_COLUMNS = ("n_experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers", "dense_ffn_hidden")
+# Architecture kinds the ``attention`` column may name (not kernels): their extra dimensions come
+# from the catalog model the row's ``model`` column names.
+ATTENTION_KINDS = ("mha", "gqa", "mla")
+# Fields a row's model takes from the catalog entry its ``model`` column names, where one exists.
+_CATALOG_EXTRAS = (
+    "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers",
+    "sliding_window", "sliding_window_share", "moe_every",
+)  # fmt: skip
+# Busiest expert-parallel rank's routed tokens over the mean where a row's router ran as trained
+# (``routing = learned``): see LEARNED_IMBALANCE_SOURCE.
+# The moe_runs.csv rows marked ``learned`` are Megatron-Bridge 25.09 token-drop runs: capacity
+# factor 1.0 with expert inputs padded to capacity (MB@v0.1.0rc4
+# src/megatron/bridge/training/utils/moe_token_drop.py: moe_expert_capacity_factor 1.0,
+# moe_pad_expert_input_to_capacity True), so every expert computes exactly its capacity: the
+# busiest rank does the mean's work.
+LEARNED_IMBALANCE = 1.0
+# Megatron-Bridge performance presets that run the 1F1B all-to-all overlap
+# (WorkloadBaseConfig.moe_a2a_overlap -> overlap_moe_expert_parallel_comm; MB@v0.5.1
+# scripts/performance/configs/*/ *_workload_base_configs.py, MB@v0.1.0rc4 for 25.09): every MXFP8
+# run (full-iteration CUDA graphs), DeepSeek-V3 and Qwen3-235B on H100, GPT-OSS-120B on GB200 in
+# BF16. A row's optional ``ep_overlap`` column overrides.
+A2A_OVERLAP = {("deepseek-v3", "h100-sxm-80gb"), ("qwen3-235b-a22b", "h100-sxm-80gb"), ("gpt-oss-120b", "gb200")}
+
+
+def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
+    """Fill a mixture-of-experts row's model fields (``model``, in place) and return its plan's
+    expert fields; nothing for a dense row."""
+    f = row.fields
+    raw = (f.get("n_experts") or "").strip()
+    if not raw:
+        return {}
+    for col in MOE_COLUMNS:
+        value = n(col, optional=True)
+        if value is not None:
+            model[col] = value
+    if model.get("dense_ffn_hidden"):
+        model["ffn_hidden"] = model.pop("dense_ffn_hidden")
+    model.pop("dense_ffn_hidden", None)
+    kind = (f.get("attention") or "").strip().lower()
+    entry = _catalog_model(catalog, f["model"])
+    if entry is not None:
+        model.update({k: entry[k] for k in _CATALOG_EXTRAS if k in entry})
+    if kind == "mla" and not model.get("kv_lora_rank"):
+        raise ValueError(
+            f"{path}: row {row.id}: attention = mla needs the model's MLA dimensions: no catalog model "
+            f"named {f['model']!r} has kv_lora_rank"
+        )
+    routing = (f.get("routing") or "balanced").strip().lower()
+    if routing not in ("balanced", "learned"):
+        raise ValueError(f"{path}: row {row.id}: column routing must be balanced or learned; got {routing!r}")
+    ep = n("ep", optional=True)
+    etp = n("etp", optional=True)
+    overlap = n("ep_overlap", optional=True) if "ep_overlap" in f else None
+    if overlap is None:
+        key = (f["model"].strip().lower(), f["gpu"].strip().lower())
+        overlap = f["precision"].strip().lower() == "mxfp8" or key in A2A_OVERLAP
+    return dict(
+        ep=int(ep or 1),
+        etp=int(etp or 1),
+        ep_overlap=bool(overlap),
+        moe_imbalance=LEARNED_IMBALANCE if routing == "learned" else 1.0,
+    )
+
+
+def _catalog_model(catalog, name: str):
+    try:
+        return catalog.model(name.strip())
+    except ValueError:
+        return None
+
+
 def _zero(row: Row, shard_group: int, zero: int) -> int:
     """The row's ZeRO stage; a stack that always shards over dp x cp (FSDP over the dp x cp
     mesh) runs stage 3 where the row writes 0 for dp = 1."""
@@ -185,6 +261,8 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     ``materialized`` on devices without flash-attention kernels (V100: FlashAttention needs
     Ampere or newer)."""
     value = (row.fields.get("attention") or "").strip().lower()
+    if value in ATTENTION_KINDS:  # moe_runs.csv: the attention architecture, not a kernel
+        value = ""
     if value:
         if value not in ATTENTION:
             allowed = ", ".join(ATTENTION)

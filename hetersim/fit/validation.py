@@ -185,9 +185,10 @@ def _interval(rows: Sequence[Row], catalog, pred: np.ndarray, model) -> tuple[np
 
 
 def _layout(f: Mapping[str, str]) -> str:
-    names = ("tp", "pp", "vp", "dp", "cp", "zero", "micro_batch", "global_batch")
+    names = ("tp", "pp", "vp", "dp", "cp", "ep", "etp", "zero", "micro_batch", "global_batch")
+    names = tuple(k for k in names if k in f)  # ep, etp: mixture-of-experts runs only
     values = {k: int(f[k]) if f[k] else planfields.DEFAULTS[k] for k in names}
-    return planfields.layout_label(values, names, sep="-", omit_defaults=("vp", "cp", "zero"))
+    return planfields.layout_label(values, names, sep="-", omit_defaults=("vp", "cp", "ep", "etp", "zero"))
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

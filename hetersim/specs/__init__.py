@@ -33,6 +33,22 @@ class ModelSpec:
     dropout: Any  # 1: the model trains with dropout (GPT-3, Megatron GPT); 0: LLaMA
     rope: Any  # 1: rotary position embedding applied to q and k
     tied_embeddings: Any  # 1: the LM head shares the input embedding matrix
+    # Mixture of experts (0 experts: a dense model). ``ffn_hidden`` is the dense layers' FFN.
+    n_experts: Any  # routed experts per MoE layer
+    top_k: Any  # routed experts each token goes to
+    moe_ffn_hidden: Any  # FFN width of one routed expert
+    shared_ffn_hidden: Any  # total FFN width of the shared experts every token also goes through
+    moe_layers: Any  # layers whose FFN is the MoE block (the rest are dense)
+    moe_every: Any  # 1: MoE layers are contiguous (after any leading dense ones); 2: every other layer
+    # Multi-head latent attention (DeepSeek MLA; kv_lora_rank 0 = ordinary attention). ``head_dim``
+    # is then the non-rotary query/key head width (qk_nope_head_dim).
+    q_lora_rank: Any  # query compression rank (0: queries projected directly)
+    kv_lora_rank: Any  # joint key/value compression rank
+    rope_head_dim: Any  # rotary part of each query/key head (decoupled RoPE; 0 for ordinary attention)
+    v_head_dim: Any  # value head width (head_dim for ordinary attention)
+    mtp_layers: Any  # multi-token-prediction modules (DeepSeek-V3: 1), each one more layer and LM head
+    swa_window: Any  # sliding-window attention width in tokens (0: none)
+    swa_share: Any  # share of the layers whose attention is windowed (GPT-OSS: every other layer)
 
 
 @spec

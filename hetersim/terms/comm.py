@@ -188,3 +188,27 @@ def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0):
         else:
             t = jnp.where(stride < net.domain_gpus[level], tl, t)
     return t
+
+
+def all_to_all_s(net: NetworkSpec, n, stride, nbytes):
+    """An all-to-all in which each of ``n`` ranks (stride ``stride``) sends ``nbytes`` in total,
+    ``1/n`` of it to each rank (itself included).
+
+    NCCL runs it as grouped send/receive to every peer at once (``ncclGroupStart`` around
+    ``ncclSend``/``ncclRecv``: PyTorch's ``all_to_all_single``), so the traffic to peers in the
+    same domain and to peers beyond it moves concurrently, each over its own level: the share of
+    the peers first reached at level ``l`` over that level's bus bandwidth, the slowest level
+    setting the time. One latency of the outermost level the group spans, and the protocol's
+    fixed cost.
+    """
+    inside = ranks_per_level(net, n, stride)
+    t = jnp.zeros_like(nbytes)
+    lat = jnp.zeros_like(nbytes)
+    prev = jnp.ones_like(n)
+    for level, k in enumerate(inside):
+        share = safe_div(k - prev, n)
+        bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
+        t = jnp.maximum(t, share * safe_div(nbytes, bw))
+        lat = jnp.where(k > prev, net.latency_us[level] * US, lat)
+        prev = k
+    return jnp.where(n > 1, t + lat + _BASE_US["simple"] * US, 0.0)

@@ -22,7 +22,7 @@ from ..types import Attention, Loss, Precision
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
-from .flops import kv_width, n_mlp_matrices, q_width
+from .flops import attention_keys, core_width, kv_width, n_mlp_matrices, q_width
 
 
 def act_bytes(plan: Plan):
@@ -72,28 +72,71 @@ def stream_s(dev: DeviceSpec, cal: Calibration, nbytes, kernels):
     return safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff) + kernels * cal.kernel_overhead_us * US
 
 
-def layer_gemm_shapes(m: ModelSpec, plan: Plan):
-    """(M, N, K) of the forward GEMMs of one layer on one tensor-parallel rank."""
-    T = plan.micro_batch * plan.seq_len / plan.cp
-    h, f, t = m.hidden, m.ffn_hidden, plan.tp
+def tokens(plan: Plan):
+    """Tokens of one micro-batch on one rank of a context-parallel group."""
+    return plan.micro_batch * plan.seq_len / plan.cp
+
+
+def attn_gemm_shapes(m: ModelSpec, plan: Plan):
+    """(M, N, K, present) of the forward attention-projection GEMMs of one layer on one
+    tensor-parallel rank; ``present`` 0 drops a GEMM the attention kind has not.
+
+    Ordinary attention: the fused QKV projection and the output projection. MLA (Megatron-Core
+    ``MLASelfAttention``): the query down projection (or the direct query projection where
+    ``q_lora_rank`` is 0), query up, joint key/value down with the rotary key, key/value up and
+    the output; the down projections are not split over tensor-parallel ranks (their outputs are
+    the small latents)."""
+    T = tokens(plan)
+    h, t, a = m.hidden, plan.tp, m.heads
+    mla = m.kv_lora_rank > 0
+    one = jnp.ones_like(T)
+    q_direct = a * (m.head_dim + m.rope_head_dim) / t
+    g1 = jnp.where(mla, jnp.where(m.q_lora_rank > 0, m.q_lora_rank, q_direct), (q_width(m) + 2.0 * kv_width(m)) / t)
     return [
-        (T, (q_width(m) + 2.0 * kv_width(m)) / t, h),  # fused QKV projection
-        (T, h, q_width(m) / t),  # attention output projection
-        (T, (n_mlp_matrices(m) - 1.0) * f / t, h),  # MLP up (+ gate, fused)
-        (T, h, f / t),  # MLP down
+        (T, g1, h, one),  # fused QKV, or MLA's query down (direct) projection
+        (T, q_direct, m.q_lora_rank, jnp.where(mla & (m.q_lora_rank > 0), 1.0, 0.0)),  # MLA query up
+        (T, m.kv_lora_rank + m.rope_head_dim, h, jnp.where(mla, 1.0, 0.0)),  # MLA key/value down
+        (T, a * (m.head_dim + m.v_head_dim) / t, m.kv_lora_rank, jnp.where(mla, 1.0, 0.0)),  # MLA kv up
+        (T, h, a * m.v_head_dim / t, one),  # attention output projection
     ]
 
 
+def mlp_gemm_shapes(m: ModelSpec, plan: Plan, width=None, T=None):
+    """(M, N, K, present) of a dense MLP's forward GEMMs (width ``ffn_hidden`` unless given) on
+    one tensor-parallel rank."""
+    T = tokens(plan) if T is None else T
+    f = m.ffn_hidden if width is None else width
+    h, t = m.hidden, plan.tp
+    present = jnp.where(f > 0, 1.0, 0.0)
+    return [
+        (T, (n_mlp_matrices(m) - 1.0) * f / t, h, present),  # MLP up (+ gate, fused)
+        (T, h, f / t, present),  # MLP down
+    ]
+
+
+def layer_gemm_shapes(m: ModelSpec, plan: Plan):
+    """(M, N, K, present) of the forward GEMMs of one dense layer on one tensor-parallel rank."""
+    return attn_gemm_shapes(m, plan) + mlp_gemm_shapes(m, plan)
+
+
+def gemms_fwd_s(dev, cal, plan, shapes):
+    return sum(p * gemm_s(dev, cal, plan, M, N, K) for (M, N, K, p) in shapes)
+
+
+def gemms_bwd_s(dev, cal, plan, shapes):
+    """Backward: a data-gradient and a weight-gradient GEMM per forward GEMM."""
+    total = 0.0
+    for M, N, K, p in shapes:
+        total = total + p * (gemm_s(dev, cal, plan, M, K, N) + gemm_s(dev, cal, plan, K, N, M))
+    return total
+
+
 def layer_gemm_fwd_s(dev, cal, m, plan):
-    return sum(gemm_s(dev, cal, plan, M, N, K) for (M, N, K) in layer_gemm_shapes(m, plan))
+    return gemms_fwd_s(dev, cal, plan, layer_gemm_shapes(m, plan))
 
 
 def layer_gemm_bwd_s(dev, cal, m, plan):
-    """Backward: a data-gradient and a weight-gradient GEMM per forward GEMM."""
-    total = 0.0
-    for M, N, K in layer_gemm_shapes(m, plan):
-        total = total + gemm_s(dev, cal, plan, M, K, N) + gemm_s(dev, cal, plan, K, N, M)
-    return total
+    return gemms_bwd_s(dev, cal, plan, layer_gemm_shapes(m, plan))
 
 
 def attention_flops_fwd(m: ModelSpec, plan: Plan):
@@ -103,7 +146,8 @@ def attention_flops_fwd(m: ModelSpec, plan: Plan):
     (load-balanced ring attention).
     """
     b, s = plan.micro_batch, plan.seq_len
-    return 4.0 * b * (s / plan.cp) * s * q_width(m) / plan.tp * 0.5
+    keys = attention_keys(m, s)  # sliding-window layers see fewer keys
+    return 2.0 * b * (s / plan.cp) * s * core_width(m) / plan.tp * 0.5 * keys
 
 
 def stack_fact(values, plan: Plan):
@@ -259,6 +303,20 @@ def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     return T * (e * (hidden_ops + rope + act_fn) + fp8)
 
 
+def mlp_elementwise_bytes(m: ModelSpec, plan: Plan):
+    """The dense MLP's share of :func:`layer_elementwise_bytes`: its activation function and, in
+    FP8, the casts of its two GEMM inputs."""
+    e = act_bytes(plan) / 2.0
+    T, h, f, t = tokens(plan), m.hidden, m.ffn_hidden, plan.tp
+    fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (h + f) / t, 0.0)
+    return T * (e * act_fn_bytes(m, plan) * f / t + fp8)
+
+
+def mlp_elementwise_kernels(m: ModelSpec, plan: Plan):
+    act = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, eager(plan)), 1.0)
+    return act + jnp.where(plan.precision_code == Precision.FP8, 2.0, 0.0)
+
+
 def act_fn_bytes(m: ModelSpec, plan: Plan):
     """Forward bytes per ffn element of the activation function (16-bit)."""
     return jnp.where(m.gated > 0, _by_fusion(SWIGLU_BYTES, eager(plan)), 4.0)
@@ -284,6 +342,13 @@ def elementwise_kernels_fwd(m: ModelSpec, plan: Plan):
 
 def layer_elementwise_fwd_s(dev, cal, m, plan):
     return stream_s(dev, cal, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(m, plan))
+
+
+def attn_elementwise_fwd_s(dev, cal, m, plan):
+    """The element-wise kernels of a layer outside its FFN (norms, residuals, rotary embedding,
+    FP8 casts of the attention GEMMs' inputs): what an MoE layer keeps of a dense layer's."""
+    nbytes = layer_elementwise_bytes(m, plan) - mlp_elementwise_bytes(m, plan)
+    return stream_s(dev, cal, nbytes, elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan))
 
 
 def layer_elementwise_bwd_s(dev, cal, m, plan):

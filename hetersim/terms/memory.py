@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from ..specs import ModelSpec, Plan
 from ..types import Attention, Loss, Precision, Recompute
 from ..units import GiB
-from .flops import kv_width, layer_params, q_width
+from . import moe
+from .flops import dense_mlp_params, expert_params, kv_width, layer_params, n_mlp_matrices, q_width
 
 WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
 GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2 reduce_dtype (bf16 zero 3)
@@ -25,26 +26,56 @@ OPT, GRAD, PARAM, ACT = 0, 1, 2, 3
 def busiest_stage_layers(m: ModelSpec, plan: Plan):
     """Layers on the busiest pipeline stage: ``ceil(L / (pp*vp)) * vp`` (uneven splits put the
     remainder on some stages)."""
-    return jnp.ceil(m.layers / (plan.pp * plan.vp) - 1e-6) * plan.vp
+    return jnp.ceil(stack_layers(m) / (plan.pp * plan.vp) - 1e-6) * plan.vp
+
+
+def stack_layers(m: ModelSpec):
+    """Transformer layers the pipeline splits: the model's and its multi-token-prediction modules'
+    (one layer each, placed like the others)."""
+    return m.layers + m.mtp_layers
+
+
+def moe_stage_layers(m: ModelSpec, layers):
+    """MoE layers among a stage's ``layers``: all of them up to the model's MoE layers where those
+    are contiguous, every ``moe_every``-th where they interleave with dense ones (a stage of
+    consecutive layers; the busiest stage is the one with the most MoE layers)."""
+    mtp = jnp.where(m.moe_layers > 0, m.mtp_layers, 0.0)  # an MoE model's MTP layer is an MoE layer
+    return jnp.minimum(jnp.ceil(layers / m.moe_every - 1e-6), m.moe_layers + mtp)
 
 
 def local_params(m: ModelSpec, plan: Plan, layers=None):
     """Parameters on the busiest pipeline stage's tensor-parallel rank (or on a stage of
-    ``layers`` layers).
+    ``layers`` layers) that are not routed experts (those: :func:`expert_local_params`).
 
     With pp > 1 the first stage holds the embedding and the last the LM head (one vocabulary
-    matrix each); with pp == 1 one rank holds both (one matrix when they are tied).
+    matrix each); with pp == 1 one rank holds both (one matrix when they are tied). An MoE
+    layer's shared experts and router are split like a dense MLP.
     """
     layers = busiest_stage_layers(m, plan) if layers is None else layers
-    layers = layers * layer_params(m) / plan.tp
+    n_moe = moe_stage_layers(m, layers)
+    shared = n_mlp_matrices(m) * m.hidden * m.shared_ffn_hidden + m.n_experts * m.hidden
+    per_rank = (layers * layer_params(m) + n_moe * (shared - dense_mlp_params(m))) / plan.tp
     vocab_mats = jnp.where(plan.pp > 1, 1.0, 2.0 - m.tied_embeddings)
-    return layers + vocab_mats * m.vocab * m.hidden / plan.tp
+    return per_rank + vocab_mats * m.vocab * m.hidden / plan.tp
+
+
+def expert_local_params(m: ModelSpec, plan: Plan, layers=None):
+    """Routed-expert parameters on one rank of the busiest stage: its ``n_experts / ep`` experts
+    of each MoE layer, split ``etp`` ways."""
+    layers = busiest_stage_layers(m, plan) if layers is None else layers
+    return moe_stage_layers(m, layers) * expert_params(m) / (plan.ep * plan.etp)
 
 
 def zero_group(plan: Plan):
     """ZeRO / distributed-optimizer states are sharded over the data-parallel ranks, which in
     Megatron include the context-parallel ones."""
     return plan.dp * plan.cp
+
+
+def expert_dp(plan: Plan):
+    """The routed experts' data-parallel size (Megatron's expert-data-parallel group, which their
+    gradients are reduced and their ZeRO states sharded over): ``tp*cp*dp / (ep*etp)``."""
+    return jnp.maximum(plan.tp * plan.cp * plan.dp / (plan.ep * plan.etp), 1.0)
 
 
 def grad_bytes(plan: Plan):
@@ -59,13 +90,22 @@ def grad_bytes(plan: Plan):
 def state_bytes(m: ModelSpec, plan: Plan, layers=None):
     """(weights, gradients, optimizer) bytes per GPU before any offload."""
     p = local_params(m, plan, layers)
-    n = zero_group(plan)
+    pe = expert_local_params(m, plan, layers)
+    n, ne = zero_group(plan), expert_dp(plan)
+
+    def sharded(stage):
+        return p / jnp.where(plan.zero >= stage, n, 1.0) + pe / jnp.where(plan.zero >= stage, ne, 1.0)
+
     wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, WEIGHT_BYTES)
-    weights = p * wbytes / jnp.where(plan.zero >= 3, n, 1.0)
-    gbytes = grad_bytes(plan)
-    grads = p * gbytes / jnp.where(plan.zero >= 2, n, 1.0)
-    opt = p * OPTIMIZER_BYTES / jnp.where(plan.zero >= 1, n, 1.0)
-    return weights, grads, opt
+    return sharded(3) * wbytes, sharded(2) * grad_bytes(plan), sharded(1) * OPTIMIZER_BYTES
+
+
+def optimizer_params(m: ModelSpec, plan: Plan):
+    """Parameters whose optimizer step one GPU runs (its ZeRO shard of the dense and the expert
+    parameters)."""
+    n, ne = zero_group(plan), expert_dp(plan)
+    dense = local_params(m, plan) / jnp.where(plan.zero >= 1, n, 1.0)
+    return dense + expert_local_params(m, plan) / jnp.where(plan.zero >= 1, ne, 1.0)
 
 
 def layer_activation_bytes(m: ModelSpec, plan: Plan):
@@ -92,15 +132,8 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     fp8 = plan.precision_code == Precision.FP8
     gemm_in_save = jnp.where(fp8, 1.0, 0.0)
     replicated = (8.0 + 2.0 * m.dropout) * h / sp_div - gemm_in_save * 2.0 * h / sp_div
-    mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) - gemm_in_save * f
-    # Selective recomputation with flash attention (nothing s x s to drop) recomputes the cheap
-    # element-wise ops instead, as torchtitan's op-level policy does: the activation function's
-    # output (the down projection's input, 2f per token) is not stored.
-    mlp = mlp - jnp.where(
-        (plan.recompute_code == Recompute.SELECTIVE) & (plan.attention_code != Attention.MATERIALIZED), 2.0 * f, 0.0
-    )
-    q, k = q_width(m), kv_width(m)  # h and h*g/a when the head width is h/a
-    sharded = (2.0 * q + 4.0 * k + (2.0 - gemm_in_save) * q + mlp) / t
+    mlp = mlp_activation_bytes(m, plan, f)
+    sharded = (attn_activation_bytes(m, plan) + mlp) / t
     scores = (2.0 + 3.0 * m.dropout) * a * plan.seq_len / t  # per query token
     flash_lse = 4.0 * a / t
     keep_scores = (plan.attention_code == Attention.MATERIALIZED) & (plan.recompute_code == Recompute.NONE)
@@ -112,6 +145,50 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     # when attention materialises them.
     working = e * (replicated + sharded) + jnp.where(plan.attention_code == Attention.MATERIALIZED, scores, flash_lse)
     return b * s * jnp.where(plan.recompute_code == Recompute.FULL, full, per_token), b * s * working
+
+
+def mlp_activation_bytes(m: ModelSpec, plan: Plan, f):
+    """Bytes per token an MLP of width ``f`` stores (before any tensor-parallel split): the two
+    (gated: three) matrix outputs and the activation output, 4f plain and 6f SwiGLU; in FP8 the
+    down projection's input as a 1-byte copy. Selective recomputation with flash attention
+    (nothing s x s to drop) recomputes the cheap element-wise ops instead, as torchtitan's op-level
+    policy and Megatron's ``moe_act`` recompute module do: the activation function's output (the
+    down projection's input, 2f per token) is not stored."""
+    fp8 = jnp.where(plan.precision_code == Precision.FP8, 1.0, 0.0)
+    mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) - fp8 * f
+    selective = (plan.recompute_code == Recompute.SELECTIVE) & (plan.attention_code != Attention.MATERIALIZED)
+    return mlp - jnp.where(selective, 2.0 * f, 0.0)
+
+
+def attn_activation_bytes(m: ModelSpec, plan: Plan):
+    """Bytes per token the attention block stores before any tensor-parallel split: Q, K and V
+    and the output projection's input (1 byte in FP8). MLA stores its up-projected query, key and
+    value (``a*(d + d_r)``, ``a*(d + d_r)``, ``a*d_v``) and the output projection's input ``a*d_v``
+    (its small latents are not counted)."""
+    fp8 = jnp.where(plan.precision_code == Precision.FP8, 1.0, 0.0)
+    q, k = q_width(m), kv_width(m)  # h and h*g/a when the head width is h/a
+    std = 2.0 * q + 4.0 * k + (2.0 - fp8) * q
+    a, d_qk, d_v = m.heads, m.head_dim + m.rope_head_dim, m.v_head_dim
+    mla = 2.0 * a * (2.0 * d_qk + d_v) + (2.0 - fp8) * a * d_v
+    return jnp.where(m.kv_lora_rank > 0, mla, std)
+
+
+def moe_activation_delta(m: ModelSpec, plan: Plan, routed, local):
+    """Bytes an MoE layer stores beyond a dense layer of the same attention, per micro-batch and
+    GPU: the dense MLP's share replaced by the routed experts' (``routed`` token copies on the
+    busiest rank, their intermediate split ``etp`` ways), the permuted tokens and the experts'
+    outputs (2 bytes each per copy and element), the router's fp32 probabilities over the ``local``
+    tokens, and the shared experts (tensor-parallel like a dense MLP)."""
+    b, s = plan.micro_batch, plan.seq_len / plan.cp
+    e = jnp.where(plan.precision_code == Precision.FP32, 2.0, 1.0)
+    dense = b * s * e * mlp_activation_bytes(m, plan, m.ffn_hidden) / plan.tp
+    fp8 = jnp.where(plan.precision_code == Precision.FP8, 1.0, 0.0)  # the first expert GEMM's input in FP8
+    experts = routed * e * (mlp_activation_bytes(m, plan, m.moe_ffn_hidden / plan.etp) + (4.0 - fp8) * m.hidden)
+    shared = b * s * e * mlp_activation_bytes(m, plan, m.shared_ffn_hidden) / plan.tp
+    router = local * m.n_experts * 4.0
+    stored = experts + shared + router - dense
+    full = plan.recompute_code == Recompute.FULL
+    return jnp.where(m.moe_layers > 0, jnp.where(full, 0.0, stored), 0.0), jnp.where(m.moe_layers > 0, stored, 0.0)
 
 
 def inflight_microbatches(plan: Plan, n_micro):
@@ -127,9 +204,11 @@ def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=No
     stored, working = layer_activation_bytes(m, plan)
     layers = busiest_stage_layers(m, plan) if layers is None else layers
     inflight = inflight_microbatches(plan, n_micro) if inflight is None else inflight
-    kept = stored * layers * inflight
-    # Full recomputation rebuilds one layer's activations during its backward.
-    return kept + jnp.where(plan.recompute_code == Recompute.FULL, working, 0.0)
+    moe_stored, moe_working = moe_activation_delta(m, plan, moe.routed_tokens(m, plan), moe.local_tokens(plan))
+    kept = (stored * layers + moe_stored * moe_stage_layers(m, layers)) * inflight
+    # Full recomputation rebuilds one layer's activations during its backward (an MoE layer's in
+    # an MoE model).
+    return kept + jnp.where(plan.recompute_code == Recompute.FULL, working + moe_working, 0.0)
 
 
 def loss_chunk_tokens(m: ModelSpec, plan: Plan):
@@ -152,4 +231,6 @@ def buffer_bytes(m: ModelSpec, plan: Plan):
     # ZeRO-3 / FSDP: the layer computing and the one prefetched, gathered in 16 bits, and the
     # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
     gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)
-    return logits + gathered + RUNTIME_RESERVED_GiB * GiB
+    # MoE: the dispatch's receive buffer and the combine's send buffer of the routed token copies.
+    dispatch = jnp.where(plan.ep > 1, 2.0 * moe.dispatch_bytes(m, plan), 0.0)
+    return logits + gathered + dispatch + RUNTIME_RESERVED_GiB * GiB

@@ -1,0 +1,128 @@
+"""Mixture-of-experts layers: routing, expert GEMMs, token dispatch, on one GPU.
+
+An MoE layer replaces the dense FFN by a router, ``n_experts`` routed experts of width
+``moe_ffn_hidden`` (each token goes to ``top_k`` of them) and optional shared experts every token
+goes through (DeepSeekMoE, arXiv 2401.06066; Megatron-Core ``MoELayer``). Expert parallelism
+shards the routed experts over ``ep`` ranks and ``etp`` splits each expert's width (Megatron-Core
+"MoE parallel folding", arXiv 2504.14960): a rank sends the tokens it holds to the ranks holding
+their experts (dispatch), and the experts' outputs come back the same way (combine), an
+all-to-all over the expert-parallel group each way in the forward and again in the backward
+(Megatron-Core ``MoEAlltoAllTokenDispatcher``). With sequence parallelism a rank holds ``1/tp`` of
+its tensor-parallel group's tokens when it enters the MoE layer, and the routed experts need no
+tensor-parallel collective of their own unless ``etp`` > 1.
+
+Load: with balanced routing (as the Megatron-Bridge benchmarks force it) every rank receives the
+mean number of token copies, ``local * top_k``; ``moe_imbalance`` multiplies what the busiest rank
+computes and receives, and the busiest rank paces the step.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
+from . import comm, compute
+from ..types import Precision
+from .flops import n_mlp_matrices
+
+
+def is_moe(m: ModelSpec):
+    return m.moe_layers > 0
+
+
+def local_tokens(plan: Plan):
+    """Tokens one rank routes per micro-batch: its context-parallel share, split ``tp`` ways by
+    sequence parallelism."""
+    return compute.tokens(plan) / jnp.where(plan.sp > 0, plan.tp, 1.0)
+
+
+def routed_tokens(m: ModelSpec, plan: Plan):
+    """Token copies the busiest rank's experts process per micro-batch: ``local * top_k`` on the
+    mean, gathered ``etp`` ways, times the imbalance."""
+    return local_tokens(plan) * m.top_k * plan.etp * plan.moe_imbalance
+
+
+def local_experts(m: ModelSpec, plan: Plan):
+    return m.n_experts / plan.ep
+
+
+def expert_gemm_shapes(m: ModelSpec, plan: Plan):
+    """(M, N, K) of one local expert's forward GEMMs (up and gate fused, down); M = its tokens."""
+    M = routed_tokens(m, plan) / jnp.maximum(local_experts(m, plan), 1.0)
+    f, h = m.moe_ffn_hidden / plan.etp, m.hidden
+    return [(M, (n_mlp_matrices(m) - 1.0) * f, h), (M, h, f)]
+
+
+def experts_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
+    """The routed experts' forward: one grouped GEMM per matrix over the local experts
+    (``moe_grouped_gemm``: one launch, tiles of every expert sharing the SMs; each expert's weights
+    read once, which makes small-M experts memory-bound)."""
+    E = local_experts(m, plan)
+    return sum(compute.gemm_s(dev, cal, plan, M, N, K, count=E, kernels=1.0) for M, N, K in expert_gemm_shapes(m, plan))
+
+
+def experts_bwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
+    """Data- and weight-gradient grouped GEMMs per forward GEMM."""
+    E = local_experts(m, plan)
+    total = 0.0
+    for M, N, K in expert_gemm_shapes(m, plan):
+        total = total + compute.gemm_s(dev, cal, plan, M, K, N, count=E, kernels=1.0)
+        total = total + compute.gemm_s(dev, cal, plan, K, N, M, count=E, kernels=1.0)
+    return total
+
+
+def shared_shapes(m: ModelSpec, plan: Plan):
+    """The shared experts: a dense MLP of their total width, tensor-parallel like a dense FFN."""
+    return compute.mlp_gemm_shapes(m, plan, width=m.shared_ffn_hidden)
+
+
+# Element-wise work of the MoE block, forward, per token or token copy (16-bit elements):
+# * router: the fp32 logits GEMM output and the score function, top-k and their normalisation
+#   read and write ``E`` fp32 values per token about three times: 24 bytes x E, 4 kernels
+#   (Megatron-Core router.py: linear, score function, topk, probs scatter; ``moe_router_dtype``
+#   fp32 in the Megatron-Bridge recipes);
+# * permutation: the fused permute reads a token and writes its ``top_k`` copies, the fused
+#   unpermute reads the copies and the probabilities and writes the token (``moe_permute_fusion``,
+#   Transformer Engine ``moe_permute``/``moe_unpermute``): 2 bytes x h x (1 + k) each, 2 kernels.
+ROUTER_BYTES_PER_EXPERT = 24.0
+ROUTER_KERNELS = 4.0
+PERMUTE_KERNELS = 2.0
+
+
+def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
+    """Router, permutation, the experts' activation function and FP8 casts of their inputs, and
+    the shared experts' activation function, on the busiest rank."""
+    e = compute.act_bytes(plan) / 2.0
+    local, routed = local_tokens(plan), routed_tokens(m, plan)
+    h, f = m.hidden, m.moe_ffn_hidden / plan.etp
+    router = local * m.n_experts * ROUTER_BYTES_PER_EXPERT
+    permute = 2.0 * 2.0 * e * h * (local + local * m.top_k * plan.moe_imbalance)
+    act = e * routed * compute.act_fn_bytes(m, plan) * f
+    shared = e * compute.tokens(plan) * compute.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
+    fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * routed * (h + f), 0.0)
+    kernels = ROUTER_KERNELS + PERMUTE_KERNELS + 2.0 + jnp.where(m.shared_ffn_hidden > 0, 1.0, 0.0)
+    return compute.stream_s(dev, cal, router + permute + act + shared + fp8, kernels)
+
+
+def moe_act_fn_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
+    """The routed and shared experts' activation functions alone (recomputed under selective
+    recomputation: Megatron's ``moe_act`` recompute module)."""
+    e = compute.act_bytes(plan) / 2.0
+    width = routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp + compute.tokens(plan) * m.shared_ffn_hidden / plan.tp
+    return compute.stream_s(dev, cal, e * compute.act_fn_bytes(m, plan) * width, 2.0)
+
+
+def dispatch_bytes(m: ModelSpec, plan: Plan):
+    """Bytes the busiest rank receives in one dispatch (or sends in one combine): its token copies,
+    16-bit (fp32 runs: 32-bit) hidden vectors."""
+    return local_tokens(plan) * m.top_k * plan.moe_imbalance * m.hidden * compute.act_bytes(plan)
+
+
+def ep_comm_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
+    """One pass's dispatch and combine (two all-to-alls over the ``ep`` ranks, stride ``etp``:
+    Megatron-Core orders expert ranks etp-ep-edp-pp) and, with ``etp`` > 1, the all-gather and
+    reduce-scatter of the routed tokens inside the expert's tensor-parallel group."""
+    a2a = 2.0 * comm.all_to_all_s(net, plan.ep, plan.etp, dispatch_bytes(m, plan))
+    etp_bytes = dispatch_bytes(m, plan) * plan.etp
+    etp = 2.0 * comm.all_gather_s(net, plan.etp, jnp.ones_like(plan.etp), etp_bytes)
+    return jnp.where(plan.ep > 1, a2a, 0.0) + jnp.where(plan.etp > 1, etp, 0.0)

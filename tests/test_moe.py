@@ -1,0 +1,225 @@
+"""Mixture-of-experts models and expert parallelism (issue 18): parameter counts against the model
+cards, the physical claims of the MoE terms, their gradients, MoE configs read from Hugging Face
+files, bad input, and validation on the measured MoE runs (bounded at today's figure)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+from hetersim import build
+from hetersim.catalog.models import model_from_hf_config
+from hetersim.pytree import replace
+from hetersim.simulate import simulate
+from hetersim.terms import flops, moe
+
+from .conftest import make
+
+sim = jax.jit(simulate)
+
+# Model cards: (total, active) parameters in billions, and the tolerance of the card's rounding.
+CARDS = {
+    "deepseek-v3": (671.0, 37.0, 0.02),  # DeepSeek-V3 report (arXiv 2412.19437) §1, MTP module excluded
+    "mixtral-8x7b": (46.7, 12.9, 0.01),  # Mistral AI, "Mixtral of experts" (Dec 2023)
+    "qwen3-235b-a22b": (235.0, 22.0, 0.02),  # Qwen3 model card: 235B total, 22B activated
+    "gpt-oss-120b": (117.0, None, 0.01),  # OpenAI gpt-oss model card: 117B (active 5.1B counts no embeddings)
+    "qwen3-30b-a3b": (30.5, 3.3, 0.03),  # Qwen3 model card: 30.5B total, 3.3B activated
+}
+
+
+@pytest.mark.parametrize("key", sorted(CARDS))
+def test_parameter_counts_match_the_model_cards(catalog, key):
+    total, active, tol = CARDS[key]
+    m = build.model_spec(catalog.model(key))
+    assert float(flops.total_params(m)) / 1e9 == pytest.approx(total, rel=tol)
+    if active is not None:
+        assert float(flops.active_params(m)) / 1e9 == pytest.approx(active, rel=tol)
+
+
+def _moe(catalog, model="mixtral-8x7b", gpu="h100-sxm-80gb", **plan):
+    opts = dict(n_gpus=64, tp=1, pp=1, ep=8, global_batch=256, seq_len=4096, micro_batch=1, sp=False, zero=1)
+    opts.update(plan)
+    return make(catalog, model, gpu, **opts)
+
+
+def test_ep_one_has_no_all_to_all_and_more_ep_has_some(catalog, cal):
+    one = sim(*_moe(catalog, ep=1), cal)
+    eight = sim(*_moe(catalog, ep=8), cal)
+    assert float(one.ep_comm_s) == 0.0 and int(one.infeasible) & ~64 == 0
+    assert float(eight.ep_comm_s) > 0.0
+
+
+def test_a_dense_model_is_an_moe_model_with_one_expert_top_1(catalog, cal):
+    """Routing every token to its one expert of the dense FFN's width is the dense layer: the
+    same step time (within the router's and permutation's small extra work) and the same
+    parameters but the router's."""
+    entry = catalog.model("llama2-7b")
+    dense = build.model_spec(entry)
+    one = build.model_spec(dict(entry, n_experts=1, top_k=1, moe_ffn_hidden=entry["ffn_hidden"]))
+    assert float(one.moe_layers) == 0.0  # one expert reads as the dense FFN
+    _, system, plan = make(catalog, "llama2-7b", n_gpus=8, tp=1, pp=1, global_batch=64, zero=1, sp=False)
+    a, b = sim(dense, system, plan, cal), sim(one, system, plan, cal)
+    assert float(a.step_time_s) == pytest.approx(float(b.step_time_s), rel=1e-6)
+    # Two experts of half the width, both taken by every token: the same FLOPs as the dense FFN.
+    two = build.model_spec(dict(entry, n_experts=2, top_k=2, moe_ffn_hidden=entry["ffn_hidden"] // 2))
+    c = sim(two, system, plan, cal)
+    assert float(flops.model_flops_per_token(two, 4096)) == pytest.approx(
+        float(flops.model_flops_per_token(dense, 4096)), rel=1e-3
+    )
+    assert float(c.step_time_s) == pytest.approx(float(a.step_time_s), rel=0.15)
+
+
+@pytest.mark.parametrize("key", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_more_imbalance_is_never_faster(catalog, cal, key):
+    kw = dict(n_gpus=256, pp=8, ep=32) if key == "deepseek-v3" else {}
+    times = [float(sim(*_moe(catalog, key, moe_imbalance=x, **kw), cal).step_time_s) for x in (1.0, 1.2, 1.5, 2.5)]
+    assert all(b > a for a, b in zip(times, times[1:], strict=False)), times
+
+
+def test_ep_over_a_slower_level_is_never_faster(catalog, cal):
+    """The same layout with its expert-parallel group inside the NVLink domain (ep 8) and across
+    nodes: cutting the scale-out bandwidth never speeds the spanning one up, and the group that
+    spans nodes pays more for its dispatch than the one inside a node."""
+    model, system, plan = _moe(catalog, ep=8)
+    inside = float(moe.ep_comm_s(system.network, model, plan))
+    across = float(moe.ep_comm_s(system.network, model, replace(plan, ep=plan.ep * 0 + 8, etp=plan.etp * 0 + 2)))
+    assert across > inside
+    slow = replace(system, network=replace(system.network, bw_GBps=system.network.bw_GBps * np.array([1, 1, 0.5])))
+    _, _, p16 = _moe(catalog, ep=8, etp=2)
+    assert float(sim(model, slow, p16, cal).step_time_s) >= float(sim(model, system, p16, cal).step_time_s)
+
+
+def test_overlapping_the_all_to_all_never_slows_a_step(catalog, cal):
+    model, system, plan = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=16, global_batch=128)
+    plain = sim(model, system, plan, cal)
+    over = sim(model, system, replace(plan, ep_overlap=plan.ep_overlap * 0 + 1), cal)
+    assert float(over.ep_comm_s) < float(plain.ep_comm_s)
+    assert float(over.step_time_s) < float(plain.step_time_s)
+
+
+def test_expert_states_are_sharded_by_ep_and_by_the_expert_data_parallel_group(catalog, cal):
+    small = sim(*_moe(catalog, ep=2, zero=0), cal)
+    large = sim(*_moe(catalog, ep=8, zero=0), cal)
+    assert float(large.weights_GiB) < float(small.weights_GiB)
+    z1 = sim(*_moe(catalog, ep=8, zero=1), cal)
+    assert float(z1.optimizer_GiB) < float(large.optimizer_GiB)
+
+
+def test_gradients_through_the_moe_terms_are_finite_and_match_finite_differences(catalog, cal):
+    model, system, plan = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=16, global_batch=128)
+
+    def step(bw, imb):
+        net = replace(system.network, bw_GBps=system.network.bw_GBps * bw)
+        return simulate(model, replace(system, network=net), replace(plan, moe_imbalance=imb), cal).step_time_s
+
+    g_bw, g_imb = jax.grad(step, argnums=(0, 1))(1.0, 1.3)
+    assert np.isfinite(float(g_bw)) and np.isfinite(float(g_imb))
+    assert float(g_imb) > 0.0 and float(g_bw) < 0.0
+    h = 1e-3
+    fd_imb = (float(step(1.0, 1.3 + h)) - float(step(1.0, 1.3 - h))) / (2 * h)
+    fd_bw = (float(step(1.0 + h, 1.3)) - float(step(1.0 - h, 1.3))) / (2 * h)
+    assert float(g_imb) == pytest.approx(fd_imb, rel=2e-2)
+    assert float(g_bw) == pytest.approx(fd_bw, rel=2e-2)
+
+
+# --- Hugging Face configs -------------------------------------------------------------------
+
+MIXTRAL = {
+    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "vocab_size": 32000, "max_position_embeddings": 32768, "hidden_act": "silu", "tie_word_embeddings": False,
+}  # fmt: skip  (HF mistralai/Mixtral-8x7B-v0.1 config.json)
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "num_nextn_predict_layers": 1, "vocab_size": 129280, "max_position_embeddings": 163840, "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}  # fmt: skip  (HF deepseek-ai/DeepSeek-V3 config.json)
+
+
+@pytest.mark.parametrize(("config", "total", "active"), [(MIXTRAL, 46.7, 12.9), (DEEPSEEK_V3, 671.0, 37.0)])
+def test_hugging_face_moe_configs_are_read_with_their_experts(tmp_path, config, total, active):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    m = build.model_spec(model_from_hf_config(path))
+    assert float(flops.total_params(m)) / 1e9 == pytest.approx(total, rel=0.02)
+    assert float(flops.active_params(m)) / 1e9 == pytest.approx(active, rel=0.02)
+
+
+def test_an_moe_architecture_the_importer_does_not_know_is_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(MIXTRAL, model_type="jamba", num_experts=16)))
+    with pytest.raises(ValueError, match="mixture-of-experts model_type 'jamba' is not read"):
+        model_from_hf_config(path)
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+BASE = "evaluate --model mixtral-8x7b --gpu h100-sxm-80gb --gpus 64 --global-batch 256".split()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--ep", "3"], "--ep 3 does not divide the model's 8 experts"),
+        (["--ep", "8", "--tp", "2", "--no-sp"], "needs sequence parallelism"),
+        (["--ep", "8", "--etp", "16"], "expert ranks do not tile"),
+    ],
+)
+def test_bad_expert_layouts_are_one_line_errors(extra, needle):
+    result = CliRunner().invoke(app, BASE + extra)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and result.output.count("\n") == 1 and "Traceback" not in result.output
+
+
+def test_ep_on_a_dense_model_is_refused():
+    argv = "evaluate --model llama2-7b --gpu h100-sxm-80gb --gpus 8 --global-batch 64 --ep 2".split()
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and "the model has no experts" in result.output
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        (dict(n_experts=8, top_k=9, moe_ffn_hidden=1024), "top_k must be between 1 and n_experts"),
+        (dict(n_experts=8, top_k=2), "needs moe_ffn_hidden"),
+    ],
+)
+def test_an_moe_model_without_expert_sizes_or_with_top_k_above_its_experts_is_refused(tmp_path, fields, needle):
+    cat = tmp_path / "m.toml"
+    body = "\n".join(f"{k} = {v}" for k, v in fields.items())
+    cat.write_text(
+        '[models.bad]\nname = "bad"\nlayers = 4\nhidden = 512\nheads = 8\nkv_heads = 8\nffn_hidden = 1024\n'
+        f'vocab = 32000\nmlp = "gated"\nseq_len = 2048\ntied_embeddings = false\n{body}\n'
+    )
+    argv = ["evaluate", "--catalog", str(cat), "--model", "bad", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
+    result = CliRunner().invoke(app, [*argv, "--global-batch", "8"])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+# --- validation on the measured MoE runs -----------------------------------------------------
+
+MOE_RUNS = Path(__file__).resolve().parents[1] / "hetersim" / "data" / "moe_runs.csv"
+
+
+@pytest.mark.slow
+def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
+    """Today's figure (README): the bound holds it from getting worse; the target is 12%."""
+    out = tmp_path / "v.json"
+    result = CliRunner().invoke(app, ["validate", "--runs", str(MOE_RUNS), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())
+    assert summary["n_runs"] == 145
+    assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
+
+
+MOE_MAPE_BOUND = 40.0
