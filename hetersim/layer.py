@@ -97,8 +97,19 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     )
     head = compute.head_s(dev, cal, model, plan)
 
-    # An MoE layer: the attention part of the dense layer, then router, permutation, the routed
-    # experts' grouped GEMMs and the shared experts (hetersim.terms.moe).
+    parts = dict(attn_gemm_f=attn_gemm_f, attn_gemm_b=attn_gemm_b, attn_f=attn_f, attn_b=attn_b, cp_f=cp_f)
+    m = _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden)
+    return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, **m)
+
+
+def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str, Any]:
+    """An MoE layer's terms (the ``moe_*`` and ``ep_*`` fields of :class:`LayerCosts`): the attention
+    part of the dense layer (``parts``), then router, permutation, the routed experts' grouped GEMMs
+    and the shared experts (:mod:`hetersim.terms.moe`)."""
+    dev, net = system.device, system.network
+    attn_gemm_f, attn_gemm_b = parts["attn_gemm_f"], parts["attn_gemm_b"]
+    attn_f, attn_b, cp_f = parts["attn_f"], parts["attn_b"], parts["cp_f"]
+    rc = plan.recompute_code
     attn_ew_f = compute.attn_elementwise_fwd_s(dev, cal, model, plan)
     shared = moe.shared_shapes(model, plan)
     router = [(moe.local_tokens(plan), model.n_experts, model.hidden, jnp.where(moe.is_moe(model), 1.0, 0.0))]
@@ -129,8 +140,8 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
         moe_f + moe_tp_f + cp_f + ep_f,
         jnp.where(rc == Recompute.SELECTIVE, moe_selective, 0.0),
     )
-    return LayerCosts(
-        layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, moe_f, moe_b, moe_recomp, moe_tp_f, moe_tp_b, ep_f, ep_b
+    return dict(
+        moe_f=moe_f, moe_b=moe_b, moe_recomp=moe_recomp, moe_tp_f=moe_tp_f, moe_tp_b=moe_tp_b, ep_f=ep_f, ep_b=ep_b
     )
 
 

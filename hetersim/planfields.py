@@ -134,49 +134,6 @@ FIELDS: tuple[PlanField, ...] = (
         hi=MAX_GPUS,
         aliases=("--context-parallel-size",),
     ),
-    # Expert parallelism (Megatron-Core "MoE parallel folding", arXiv 2504.14960): the ranks of a
-    # pipeline stage (tp*cp*dp of them) are regrouped for the MoE layers as etp*ep*edp, so ep and
-    # etp need not divide dp; the expert-data-parallel size is tp*cp*dp / (ep*etp).
-    PlanField(
-        "ep",
-        "int",
-        1,
-        "expert-parallel size",
-        label="ep",
-        axis=True,
-        hi=MAX_GPUS,
-        help="Expert-parallel size: routed experts sharded over this many ranks (MoE models).",
-        aliases=("--expert-model-parallel-size",),
-    ),
-    PlanField(
-        "etp",
-        "int",
-        1,
-        "expert tensor-parallel size",
-        label="etp",
-        axis=True,
-        hi=MAX_GPUS,
-        help="Tensor-parallel size of each expert (Megatron's expert_tensor_parallel_size).",
-        aliases=("--expert-tensor-parallel-size",),
-    ),
-    PlanField(
-        "ep_overlap",
-        "bool",
-        False,
-        "expert-parallel all-to-all overlapped with another micro-batch's compute",
-        label="epo",
-        axis=True,
-        help="Overlap the MoE dispatch/combine with another micro-batch's compute (Megatron-Core's "
-        "overlap_moe_expert_parallel_comm, 1F1B A2A overlap; default off as there).",
-    ),
-    PlanField(
-        "moe_imbalance",
-        "float",
-        1.0,
-        "routed tokens of the busiest expert-parallel rank / the mean",
-        hi=1.0e3,
-        help="MoE load imbalance: busiest rank's routed tokens over the mean (1: balanced routing).",
-    ),
     PlanField(
         "micro_batch",
         "int",
@@ -221,6 +178,49 @@ FIELDS: tuple[PlanField, ...] = (
         hi=MAX_GPUS,
         help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1).",
         aliases=("--virtual-pipeline-model-parallel-size",),
+    ),
+    # Expert parallelism (Megatron-Core "MoE parallel folding", arXiv 2504.14960): the ranks of a
+    # pipeline stage (tp*cp*dp of them) are regrouped for the MoE layers as etp*ep*edp, so ep and
+    # etp need not divide dp; the expert-data-parallel size is tp*cp*dp / (ep*etp).
+    PlanField(
+        "ep",
+        "int",
+        1,
+        "expert-parallel size",
+        label="ep",
+        axis=True,
+        hi=MAX_GPUS,
+        help="Expert-parallel size: routed experts sharded over this many ranks (MoE models).",
+        aliases=("--expert-model-parallel-size",),
+    ),
+    PlanField(
+        "etp",
+        "int",
+        1,
+        "expert tensor-parallel size",
+        label="etp",
+        axis=True,
+        hi=MAX_GPUS,
+        help="Tensor-parallel size of each expert (Megatron's expert_tensor_parallel_size).",
+        aliases=("--expert-tensor-parallel-size",),
+    ),
+    PlanField(
+        "ep_overlap",
+        "bool",
+        False,
+        "expert-parallel all-to-all overlapped with another micro-batch's compute",
+        label="epo",
+        axis=True,
+        help="Overlap the MoE dispatch/combine with another micro-batch's compute (Megatron-Core's "
+        "overlap_moe_expert_parallel_comm, 1F1B A2A overlap; default off as there).",
+    ),
+    PlanField(
+        "moe_imbalance",
+        "float",
+        1.0,
+        "routed tokens of the busiest expert-parallel rank / the mean",
+        hi=1.0e3,
+        help="MoE load imbalance: busiest rank's routed tokens over the mean (1: balanced routing).",
     ),
     PlanField(
         "zero",
@@ -410,6 +410,8 @@ def encode(name: str, value: Any) -> int:
         return f.options.parse(value, name).value  # type: ignore[union-attr]
     if name == "sp":
         return sp_code(value)
+    if f.kind == "bool":
+        return int(bool(value))
     return int(value)
 
 
@@ -420,6 +422,8 @@ def decode(name: str, code: Any) -> Any:
         return f.names[int(code)]
     if name == "sp":
         return int(code) if int(code) < 0 else bool(code)
+    if f.kind == "bool":
+        return bool(code)
     return int(code)
 
 

@@ -195,6 +195,10 @@ offload = {}
 bucket_Mparams = 0.0
 reuse_Mparams = 0.0
 cpu_optimizer = false
+ep = 1
+etp = 1
+ep_overlap = false
+moe_imbalance = 1.0
 """
 
 

@@ -122,7 +122,7 @@ class Results:
         if with_model and model is not None:
             parts.insert(0, str(model))
         if row:
-            parts.append(planfields.layout_label({c: v == "on" if c == "sp" else v for c, v in row.items()}))
+            parts.append(planfields.layout_label({c: v == "on" if _is_bool(c) else v for c, v in row.items()}))
         parts += [f"{name}={float(self.ds[name].values[i]):g}" for name in self.searched]
         return " ".join(parts)
 
@@ -174,3 +174,8 @@ def shown(idx: np.ndarray, limit: int) -> np.ndarray:
     if len(idx) <= limit:
         return idx
     return idx[np.unique(np.round(np.linspace(0, len(idx) - 1, limit)).astype(int))]
+
+
+def _is_bool(column: str) -> bool:
+    field = planfields.BY_NAME.get(column)
+    return field is not None and field.kind == "bool"

@@ -160,7 +160,7 @@ class Space:
             return tuple(self.model_entries)
         if column == "gpu":
             return tuple(self.clusters) if self.clusters else tuple(self.gpu_entries)
-        if column == "sp":
+        if column == "sp" or planfields.BY_NAME[column].kind == "bool":
             return ("off", "on")
         return planfields.CHOICES[column]
 

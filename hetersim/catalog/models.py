@@ -71,8 +71,24 @@ def _validated_model(origin: str, key: str, entry: Entry) -> Entry:
 # SwiGLU in Llama/Mistral/Qwen2, GeGLU in Gemma (its `hidden_act`/`hidden_activation` is a GeLU;
 # transformers' GemmaMLP is `down(act(gate(x)) * up(x))`). Elsewhere a SiLU/SwiGLU activation
 # marks a gated MLP.
-_GATED_TYPES = frozenset({"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3",
-                          "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "llama4_text"})
+_GATED_TYPES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "gemma",
+        "gemma2",
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "qwen3",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "gpt_oss",
+        "llama4_text",
+    }
+)
 _GATED_ACTIVATIONS = frozenset({"silu", "swiglu"})
 # `tie_word_embeddings` where a config leaves it out: the transformers config class's default
 # (LlamaConfig, MistralConfig, Qwen2Config: False; GemmaConfig, Gemma2Config, GPT2Config: True).
@@ -150,7 +166,9 @@ def model_from_hf_config(path: str | Path) -> Entry:
 # Mixture-of-experts configs read with their own keys (transformers' configuration_<type>.py):
 # Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (and Kimi-K2, which uses DeepSeek-V3's), GPT-OSS,
 # Llama 4. A config with experts of any other type is refused rather than read as dense.
-_MOE_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "llama4_text"})
+_MOE_TYPES = frozenset(
+    {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "llama4_text"}
+)
 _TEXT_CONFIG_TYPES = frozenset({"llama4"})
 
 
@@ -202,7 +220,8 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
         if _is_number(config.get(key)) and config[key] > 1 and model_type not in _MOE_TYPES:
             known = ", ".join(sorted(_MOE_TYPES))
             raise _fail(
-                origin, f"{key} = {config[key]}: mixture-of-experts model_type {model_type!r} is not read (known: {known})"
+                origin,
+                f"{key} = {config[key]}: mixture-of-experts model_type {model_type!r} is not read (known: {known})",
             )
     if config.get("is_encoder_decoder"):
         raise _fail(origin, "is_encoder_decoder: only decoder-only transformers are modelled")

@@ -187,18 +187,27 @@ _CATALOG_EXTRAS = (
 )  # fmt: skip
 # Busiest expert-parallel rank's routed tokens over the mean where a row's router ran as trained
 # (``routing = learned``): see LEARNED_IMBALANCE_SOURCE.
-# The moe_runs.csv rows marked ``learned`` are Megatron-Bridge 25.09 token-drop runs: capacity
-# factor 1.0 with expert inputs padded to capacity (MB@v0.1.0rc4
-# src/megatron/bridge/training/utils/moe_token_drop.py: moe_expert_capacity_factor 1.0,
-# moe_pad_expert_input_to_capacity True), so every expert computes exactly its capacity: the
-# busiest rank does the mean's work.
-LEARNED_IMBALANCE = 1.0
-# Megatron-Bridge performance presets that run the 1F1B all-to-all overlap
-# (WorkloadBaseConfig.moe_a2a_overlap -> overlap_moe_expert_parallel_comm; MB@v0.5.1
-# scripts/performance/configs/*/ *_workload_base_configs.py, MB@v0.1.0rc4 for 25.09): every MXFP8
-# run (full-iteration CUDA graphs), DeepSeek-V3 and Qwen3-235B on H100, GPT-OSS-120B on GB200 in
-# BF16. A row's optional ``ep_overlap`` column overrides.
-A2A_OVERLAP = {("deepseek-v3", "h100-sxm-80gb"), ("qwen3-235b-a22b", "h100-sxm-80gb"), ("gpt-oss-120b", "gb200")}
+# Busiest EP rank's routed tokens over the mean where a dropless router runs as trained
+# (``routing = learned``): the low end of the 1.30-4.01 inter-rank imbalance UltraEP measures
+# without balancing across MoE models of 106B-671B in training (arXiv 2606.04101, abstract);
+# DODOCO (arXiv 2605.20982) finds the ratio nearly independent of the EP size. A token-drop run
+# (the row's notes say so: Megatron-Bridge 25.09, capacity factor 1.0 with expert inputs padded to
+# capacity, MB@v0.1.0rc4 src/megatron/bridge/training/utils/moe_token_drop.py) computes exactly
+# its capacity on every expert: the busiest rank does the mean's work.
+LEARNED_IMBALANCE = 1.30
+TOKEN_DROP_IMBALANCE = 1.0
+
+
+# Whether a published MoE run overlapped its all-to-all (Megatron-Core's
+# overlap_moe_expert_parallel_comm), where the run's own recipe says: data/moe_run_configs.csv,
+# one row per run id, read off the Megatron-Bridge performance presets of the container the run
+# names (WorkloadBaseConfig.moe_a2a_overlap at the tag of that container, kept only where the
+# preset's expert-parallel size and micro-batch are the row's; each line cites its preset and
+# commit). A row's own ``ep_overlap`` column overrides; a run in neither runs without overlap,
+# Megatron-Core's default.
+def _run_configs() -> dict[str, dict[str, str]]:
+    path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
+    return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
 
 
 def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
@@ -231,14 +240,19 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
     etp = n("etp", optional=True)
     overlap = n("ep_overlap", optional=True) if "ep_overlap" in f else None
     if overlap is None:
-        key = (f["model"].strip().lower(), f["gpu"].strip().lower())
-        overlap = f["precision"].strip().lower() == "mxfp8" or key in A2A_OVERLAP
+        overlap = float(_run_configs().get(row.id, {}).get("ep_overlap") or 0)
     return dict(
         ep=int(ep or 1),
         etp=int(etp or 1),
         ep_overlap=bool(overlap),
-        moe_imbalance=LEARNED_IMBALANCE if routing == "learned" else 1.0,
+        moe_imbalance=_imbalance(routing, f.get("notes") or ""),
     )
+
+
+def _imbalance(routing: str, notes: str) -> float:
+    if routing != "learned":
+        return 1.0
+    return TOKEN_DROP_IMBALANCE if "token-drop" in notes.lower() else LEARNED_IMBALANCE
 
 
 def _catalog_model(catalog, name: str):
