@@ -231,7 +231,6 @@ def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibra
     # Each multi-token-prediction module ends in one more LM head and loss (on the last stage).
     head = lc.head * (1.0 + model.mtp_layers)
     t = stage_times(lc, layers, p2p_chunk_s(model, system, plan, cal), head, n_moe)
-    t_max = t["compute_s"] + t["recompute_s"] + t["tp_s"] + t["cp_s"] + t["ep_s"] + t["pp_s"]
     # Fill and drain: every stage but the busiest runs once outside the steady state, divided
     # by the interleaving depth: (sum of stage times - the busiest) / vp. The busiest stage holds
     # ceil(L/(pp*vp))*vp layers and the LM head; the others share the remaining layers (the MoE

@@ -21,8 +21,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
-from . import comm, compute
 from ..types import Precision
+from . import comm, compute
 from .flops import n_mlp_matrices
 
 
