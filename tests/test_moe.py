@@ -246,4 +246,6 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-MOE_MAPE_BOUND = 40.0
+# Today's 34.5% (README "Mixture of experts"; 25.8% over the 128 rows that run, the 17 that do
+# not counting 100% each): a bound against regressions, far from the 12% target.
+MOE_MAPE_BOUND = 36.0

@@ -415,8 +415,8 @@ def counted(tmp_path, monkeypatch):
     source = tmp_path / "runs.csv"
     source.write_text("id,step_time_s\na,1.0\n")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(validation, "inputs", lambda: [source])
-    monkeypatch.setattr(validation, "compute", lambda: calls.append(1) or fake_validation(10.0 + len(calls)))
+    monkeypatch.setattr(validation, "inputs", lambda moe=False: [source])
+    monkeypatch.setattr(validation, "compute", lambda moe=False: calls.append(1) or fake_validation(10.0 + len(calls)))
     return calls, source
 
 
@@ -429,6 +429,7 @@ def fake_validation(mape: float) -> dict:
         "mape_step_time_pct_complete": mape / 2,
         "max_abs_error_pct": 2 * mape,
         "per_source": {"paper": {"n": 3, "mape_pct": mape, "max_abs_error_pct": 2 * mape}},
+        "runs_path": "published_runs.csv",
     }
 
 
@@ -511,3 +512,21 @@ def test_report_of_a_search_names_gaps_budget_and_hardware(tiny_nc, tmp_path):
     front = rep.figures["front_cost"]["svg"].read_text()
     assert any(f"hbm_bw_GBps={v:g}" in front for v in best)
     assert f"hbm_bw_GBps={rep.summary['pareto'][0]['hbm_bw_GBps']:g}" in page
+
+
+def test_a_study_of_moe_models_is_judged_against_the_moe_runs(counted, monkeypatch):
+    """The report of a study with a mixture-of-experts model quotes the MoE validation (its own
+    cache file), a dense study the dense one."""
+    from types import SimpleNamespace
+
+    from dse.report.build import _has_experts
+
+    assert _has_experts(SimpleNamespace(group_names=["deepseek-v3"]))
+    assert not _has_experts(SimpleNamespace(group_names=["llama2-70b", "not-a-model"]))
+    assert validation.runs_path(moe=True).name == "moe_runs.csv" and validation.runs_path().name == "published_runs.csv"
+    seen = []
+    monkeypatch.setattr(
+        validation, "compute", lambda moe=False: seen.append(moe) or fake_validation(20.0 if moe else 9.0)
+    )
+    assert validation.validation_summary(moe=True)["mape_step_time_pct"] == 20.0
+    assert validation.validation_summary()["mape_step_time_pct"] == 9.0 and seen == [True, False]

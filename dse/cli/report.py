@@ -33,10 +33,9 @@ def report_command(path: Path, out: Path | None, json_out: bool, validation: boo
     )
     v = s["validation"]
     if v is not None:
-        con.print(
-            f"model error against {v['n_runs']} published runs: MAPE {v['mape_step_time_pct']:.1f} % "
-            f"({v['mape_step_time_pct_complete']:.1f} % over the {v['n_complete']} complete runs)"
-        )
+        complete = v["mape_step_time_pct_complete"]
+        over = f"{complete:.1f} % over the {v['n_complete']} complete runs" if complete is not None else "none complete"
+        con.print(f"model error against {v['n_runs']} published runs: MAPE {v['mape_step_time_pct']:.1f} % ({over})")
     elif s["validation_error"]:
         con.print(f"validation could not run: {s['validation_error']}")
     for note in s["notes"]:

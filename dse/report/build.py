@@ -68,7 +68,7 @@ def build_report(
         if validation:
             progress("validating the model against the published runs (cached once done; --no-validation skips it)")
             try:
-                v = validation_summary()
+                v = validation_summary(moe=_has_experts(r))
             except (ValueError, OSError) as error:
                 v_error = str(error)
         progress(f"drawing the figures of {int(r.ds.sizes['config']):,} configurations into {out}")
@@ -112,3 +112,18 @@ def build_report(
 def write_report(nc_path: str | Path, out_dir: str | Path | None = None, *, validation: bool = True) -> Path:
     """Write ``index.html`` and the figures (PNG and SVG) of a results dataset; return the page's path."""
     return build_report(nc_path, out_dir, validation=validation).index
+
+
+def _has_experts(r) -> bool:
+    """Whether the study's models include a mixture-of-experts one (its report then quotes the
+    MoE validation)."""
+    from hetersim.catalog import load_catalog
+
+    catalog = load_catalog()
+    for name in r.group_names:
+        try:
+            if int(catalog.model(str(name)).get("n_experts") or 0) > 1:
+                return True
+        except ValueError:
+            continue
+    return False

@@ -81,11 +81,17 @@ def section_validation(v: Mapping[str, Any] | None, error: str | None) -> str:
         return head + f"<p>Validation could not run: {esc(error)}</p>"
     if v is None:
         return head + "<p>Validation skipped.</p>"
+    complete = v.get("mape_step_time_pct_complete")
+    complete_text = (
+        f"; over the {v['n_complete']} runs whose sources state every setting it is <b>{complete:.1f} %</b>"
+        if complete is not None
+        else " (none of them states every setting)"
+    )
+    kind = "mixture-of-experts " if str(v.get("runs_path", "")).endswith("moe_runs.csv") else ""
     text = (
-        f"<p>The cost model as installed now predicts the step time of {v['n_runs']} published training runs with a "
-        f"mean absolute percentage error (MAPE) of <b>{v['mape_step_time_pct']:.1f} %</b>; over the "
-        f"{v['n_complete']} runs whose sources state every setting it is <b>{v['mape_step_time_pct_complete']:.1f} %"
-        f"</b>. The largest error is {v['max_abs_error_pct']:.0f} % ({v['n_infeasible']} runs the model deems "
+        f"<p>The cost model as installed now predicts the step time of {v['n_runs']} published {kind}training runs "
+        f"with a mean absolute percentage error (MAPE) of <b>{v['mape_step_time_pct']:.1f} %</b>{complete_text}. "
+        f"The largest error is {v['max_abs_error_pct']:.0f} % ({v['n_infeasible']} runs the model deems "
         "infeasible count as 100 %). Read time, cost and energy to within about that error; rankings between "
         "close configurations are less certain than the gaps in the figures suggest.</p>"
     )

@@ -26,27 +26,36 @@ KEYS = (
     "mape_step_time_pct_complete",
     "max_abs_error_pct",
     "per_source",
+    "runs_path",
 )
 
 
-def compute() -> dict[str, Any]:
+def runs_path(moe: bool = False) -> Path:
+    """The published runs a report is judged against: the dense runs, or for a study of
+    mixture-of-experts models the packaged MoE runs (``data/moe_runs.csv``)."""
+    from hetersim.fit import default_runs_path
+
+    return default_runs_path().with_name("moe_runs.csv") if moe else default_runs_path()
+
+
+def compute(moe: bool = False) -> dict[str, Any]:
     """The model's step-time error against the published runs (``hetersim validate``), uncached."""
     from hetersim.catalog import load_catalog
-    from hetersim.fit import as_spec, default_runs_path, load_calibration, read_runs, validate
+    from hetersim.fit import as_spec, load_calibration, read_runs, validate
 
-    report = validate(read_runs(default_runs_path()), load_catalog(), as_spec(load_calibration()))
-    return {k: v for k, v in report.items() if k != "rows"}
+    report = validate(read_runs(runs_path(moe)), load_catalog(), as_spec(load_calibration()))
+    return {**{k: v for k, v in report.items() if k != "rows"}, "runs_path": runs_path(moe).name}
 
 
-def inputs() -> list[Path]:
+def inputs(moe: bool = False) -> list[Path]:
     """What the answer depends on: the published runs, every catalog TOML (calibration.toml among
     them) and the model's source, which a version number misses in a development install."""
     import hetersim
     from hetersim.catalog import CATALOG_DIR
-    from hetersim.fit import default_runs_path
 
     package = Path(hetersim.__file__).resolve().parent
-    return [default_runs_path(), *sorted(CATALOG_DIR.glob("*.toml")), *sorted(package.rglob("*.py"))]
+    data = [runs_path(moe)] + ([package / "data" / "moe_run_configs.csv"] if moe else [])
+    return [*data, *sorted(CATALOG_DIR.glob("*.toml")), *sorted(package.rglob("*.py"))]
 
 
 def fingerprint(paths: list[Path] | None = None) -> str:
@@ -71,17 +80,18 @@ def cache_dir() -> Path:
     return Path(base) / "hetersim"
 
 
-def validation_summary(folder: str | Path | None = None) -> dict[str, Any]:
+def validation_summary(folder: str | Path | None = None, moe: bool = False) -> dict[str, Any]:
     """:func:`compute`, read from the cache in ``folder`` (default :func:`cache_dir`) when the
-    inputs have not changed since it was written."""
-    path = Path(folder if folder is not None else cache_dir()) / f"validation-{fingerprint()}.json"
+    inputs have not changed since it was written; ``moe``: against the MoE runs."""
+    name = f"validation-{'moe-' if moe else ''}{fingerprint(inputs(moe))}.json"
+    path = Path(folder if folder is not None else cache_dir()) / name
     try:
         cached = json.loads(path.read_text())
         if isinstance(cached, dict) and all(k in cached for k in KEYS):
             return cached
     except (OSError, ValueError):
         pass
-    summary = json.loads(fmt.dumps(compute()))  # the same plain values a cache hit returns
+    summary = json.loads(fmt.dumps(compute(moe)))  # the same plain values a cache hit returns
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fmt.write_json_atomic(path, summary)
