@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
+from .types import Attention, Choice, Dispatcher, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
@@ -213,6 +213,15 @@ FIELDS: tuple[PlanField, ...] = (
         axis=True,
         help="Overlap the MoE dispatch/combine with another micro-batch's compute (Megatron-Core's "
         "overlap_moe_expert_parallel_comm, 1F1B A2A overlap; default off as there).",
+    ),
+    PlanField(
+        "dispatcher",
+        "choice",
+        Dispatcher.ALLTOALL.label,
+        "MoE token dispatcher (alltoall: every copy over NCCL; deepep: once per node, then NVLink)",
+        label="disp",
+        axis=True,
+        options=Dispatcher,
     ),
     PlanField(
         "moe_imbalance",

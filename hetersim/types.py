@@ -81,6 +81,16 @@ class Loss(Choice):
     AUTO = 2
 
 
+# How MoE tokens reach their experts' ranks: "alltoall" one NCCL all-to-all of every token copy
+# (Megatron-Core's MoEAlltoAllTokenDispatcher, its default moe_token_dispatcher_type); "deepep"
+# hierarchical: each token crosses the scale-out network once per destination node and fans out
+# over NVLink there (DeepEP's internode kernels, deepseek-ai/DeepEP README; Megatron-Core's flex
+# dispatcher with the deepep or hybridep backend).
+class Dispatcher(Choice):
+    ALLTOALL = 0
+    DEEPEP = 1
+
+
 # The software stack that runs the plan (profiles with their sources: catalog/stacks.toml):
 # "megatron" Megatron-Core with Transformer Engine (NeMo 2.x, Megatron-Bridge), the default;
 # "megatron-legacy" Megatron-LM before Megatron-Core and Transformer Engine (2020-22 papers);

@@ -199,12 +199,13 @@ TOKEN_DROP_IMBALANCE = 1.0
 
 
 # Whether a published MoE run overlapped its all-to-all (Megatron-Core's
-# overlap_moe_expert_parallel_comm), where the run's own recipe says: data/moe_run_configs.csv,
+# overlap_moe_expert_parallel_comm) and which dispatcher it ran (a flex dispatcher backend, DeepEP
+# or HybridEP, is the hierarchical ``deepep``), where the run's own recipe says: data/moe_run_configs.csv,
 # one row per run id, read off the Megatron-Bridge performance presets of the container the run
 # names (WorkloadBaseConfig.moe_a2a_overlap at the tag of that container, kept only where the
 # preset's expert-parallel size and micro-batch are the row's; each line cites its preset and
-# commit). A row's own ``ep_overlap`` column overrides; a run in neither runs without overlap,
-# Megatron-Core's default.
+# commit). A row's own ``ep_overlap`` / ``dispatcher`` columns override; a run in neither runs
+# Megatron-Core's defaults: no overlap, the alltoall dispatcher.
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
     return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
@@ -239,12 +240,15 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
     ep = n("ep", optional=True)
     etp = n("etp", optional=True)
     overlap = n("ep_overlap", optional=True) if "ep_overlap" in f else None
+    config = _run_configs().get(row.id, {})
     if overlap is None:
-        overlap = float(_run_configs().get(row.id, {}).get("ep_overlap") or 0)
+        overlap = float(config.get("ep_overlap") or 0)
+    dispatcher = (f.get("dispatcher") or config.get("dispatcher") or "alltoall").strip().lower()
     return dict(
         ep=int(ep or 1),
         etp=int(etp or 1),
         ep_overlap=bool(overlap),
+        dispatcher=dispatcher,
         moe_imbalance=_imbalance(routing, f.get("notes") or ""),
     )
 

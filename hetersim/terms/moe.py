@@ -21,8 +21,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
-from ..types import Precision
+from ..types import Dispatcher, Precision
+from ..units import GB, US
 from . import comm, compute
+from ._safe import safe_div
 from .flops import n_mlp_matrices
 
 
@@ -118,11 +120,37 @@ def dispatch_bytes(m: ModelSpec, plan: Plan):
     return local_tokens(plan) * m.top_k * plan.moe_imbalance * m.hidden * compute.act_bytes(plan)
 
 
+def remote_nodes_per_token(m: ModelSpec, nodes):
+    """Expected nodes other than its own that a token's ``top_k`` experts sit on, experts spread
+    evenly over ``nodes`` and routing uniform (balanced): ``(N - 1) * (1 - (1 - 1/N)^k)``."""
+    n = jnp.maximum(nodes, 1.0)
+    return (n - 1.0) * (1.0 - (1.0 - 1.0 / n) ** m.top_k)
+
+
+def hierarchical_a2a_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
+    """One dispatch (or combine) of the deepep dispatcher: a token crosses the scale-out network
+    once per remote node its experts sit on (:func:`remote_nodes_per_token`, not once per copy)
+    and fans out to its experts' GPUs over the scale-up fabric there, which carries every copy
+    that leaves its GPU (DeepEP's internode dispatch: RDMA to one GPU per node, NVLink forwarding,
+    deepseek-ai/DeepEP README). The two move concurrently; the slower sets the time."""
+    inside = comm.ranks_per_level(net, plan.ep, plan.etp)[0]  # EP ranks per scale-up domain
+    nodes = safe_div(plan.ep, inside, 1.0)
+    per_token = local_tokens(plan) * plan.moe_imbalance * m.hidden * compute.act_bytes(plan)
+    out_bw = net.bw_GBps[-1] * net.busbw_eff[-1] * GB
+    in_bw = net.bw_GBps[0] * net.busbw_eff[0] * GB
+    t_out = safe_div(per_token * remote_nodes_per_token(m, nodes), out_bw)
+    t_in = safe_div(per_token * m.top_k * (1.0 - safe_div(1.0, plan.ep, 1.0)), in_bw)
+    lat = jnp.where(nodes > 1.0, net.latency_us[-1], net.latency_us[0]) * US
+    return jnp.maximum(t_out, t_in) + lat
+
+
 def ep_comm_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
     """One pass's dispatch and combine (two all-to-alls over the ``ep`` ranks, stride ``etp``:
-    Megatron-Core orders expert ranks etp-ep-edp-pp) and, with ``etp`` > 1, the all-gather and
-    reduce-scatter of the routed tokens inside the expert's tensor-parallel group."""
-    a2a = 2.0 * comm.all_to_all_s(net, plan.ep, plan.etp, dispatch_bytes(m, plan))
+    Megatron-Core orders expert ranks etp-ep-edp-pp; hierarchical under the deepep dispatcher)
+    and, with ``etp`` > 1, the all-gather and reduce-scatter of the routed tokens inside the
+    expert's tensor-parallel group."""
+    flat = comm.all_to_all_s(net, plan.ep, plan.etp, dispatch_bytes(m, plan))
+    a2a = 2.0 * jnp.where(plan.dispatcher_code == Dispatcher.DEEPEP, hierarchical_a2a_s(net, m, plan), flat)
     etp_bytes = dispatch_bytes(m, plan) * plan.etp
     etp = 2.0 * comm.all_gather_s(net, plan.etp, jnp.ones_like(plan.etp), etp_bytes)
     return jnp.where(plan.ep > 1, a2a, 0.0) + jnp.where(plan.etp > 1, etp, 0.0)
