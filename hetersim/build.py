@@ -109,8 +109,10 @@ def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:
     eff_bf16 = float(gpu["gemm_eff_bf16"])
     eff_fp8 = float(gpu.get("gemm_eff_fp8", 0.0) or eff_bf16)
     # fp16 tensor cores run at the bf16 rate where both exist; fp32 GEMMs are not MAMF-measured,
-    # take the bf16 efficiency.
-    effs = [eff_bf16, eff_bf16, eff_fp8, eff_bf16]
+    # take the bf16 efficiency; the block-scaled formats take the FP8 one unless measured.
+    eff_nvfp4 = float(gpu.get("gemm_eff_nvfp4", 0.0) or eff_fp8)
+    effs = [eff_bf16, eff_bf16, eff_fp8, eff_bf16, eff_fp8, eff_nvfp4]
+    assert len(effs) == len(PRECISION)
     # Fused attention kernels: none where the entry says the device runs none (V100) or gives no
     # measured utilisation; a plan asking for one there is flagged (Infeasible.KERNEL).
     fused = bool(gpu.get("flash_attention", True))

@@ -42,14 +42,26 @@ class Recompute(Choice):
     FULL = 2
 
 
-PrecisionName = Literal["bf16", "fp16", "fp8", "fp32"]
+PrecisionName = Literal["bf16", "fp16", "fp8", "fp32", "mxfp8", "nvfp4"]
 
 
+# "fp8": FP8 GEMMs with per-tensor scaling (Transformer Engine's delayed or current scaling);
+# "mxfp8": OCP microscaling FP8, one 8-bit scale per 32 elements, applied by the tensor cores of
+# Blackwell and newer (NVIDIA publishes no separate peak: the FP8 rate); "nvfp4": NVIDIA's 4-bit
+# format, an FP8 scale per 16 elements, Blackwell's FP4 rate. All three keep 16-bit activations.
 class Precision(Choice):
     BF16 = 0
     FP16 = 1
     FP8 = 2
     FP32 = 3
+    MXFP8 = 4
+    NVFP4 = 5
+
+
+# Bytes per element of a GEMM input in each precision, block scales included (MXFP8: 1 + 1/32,
+# NVFP4: 1/2 + 1/16; OCP Microscaling Formats spec v1.0 §5; NVIDIA "Introducing NVFP4", 2025).
+GEMM_INPUT_BYTES = {Precision.FP8: 1.0, Precision.MXFP8: 1.0 + 1.0 / 32.0, Precision.NVFP4: 0.5 + 1.0 / 16.0}
+LOW_PRECISION = tuple(GEMM_INPUT_BYTES)
 
 
 # "flash": the fastest fused attention kernel of the device (FlashAttention-3 / cuDNN on Hopper,

@@ -264,3 +264,23 @@ def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
     deep8 = replace(flat8, dispatcher_code=flat8.dispatcher_code * 0 + 1)
     inside = float(moe.ep_comm_s(system.network, model, flat8))
     assert float(moe.ep_comm_s(system.network, model, deep8)) == pytest.approx(inside, rel=0.05)
+
+
+def test_ep_and_etp_are_study_axes_and_layouts_of_the_optimizers_inner_solve():
+    """The registry makes ep, etp, the all-to-all overlap and the dispatcher study axes; the
+    optimizer's inner solve enumerates them with the other layout fields."""
+    from dse.inner import describe_layout, layout_rows
+    from dse.study import parse_study
+
+    study = parse_study(
+        'name = "moe"\n[model]\nkey = "mixtral-8x7b"\n[hardware]\ngpu = "h100-sxm-80gb"\nn_gpus = 64\n'
+        "[plan]\ntp = [1, 2]\nep = [1, 4, 8]\netp = [1, 2]\nep_overlap = [false, true]\n"
+        'dispatcher = ["alltoall", "deepep"]\nglobal_batch = 256\nseq_len = 4096\n'
+    )
+    for axis in ("ep", "etp", "ep_overlap", "dispatcher"):
+        assert axis in study.axes
+    rows = layout_rows(study, [64])
+    assert len(rows["ep"]) == 2 * 3 * 2 * 2 * 2
+    layouts = [describe_layout(rows, i, 64) for i in range(len(rows["ep"]))]
+    assert {(d["ep"], d["etp"]) for d in layouts} == {(e, t) for e in (1, 4, 8) for t in (1, 2)}
+    assert {d["dispatcher"] for d in layouts} == {"alltoall", "deepep"}

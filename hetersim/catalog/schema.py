@@ -125,10 +125,14 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "peak_tflops_fp16": _NONNEGATIVE,
         "peak_tflops_fp8": _NONNEGATIVE,
         "peak_tflops_fp32": _NONNEGATIVE,
+        # Optional: the block-scaled formats (0 / absent: the device has no such tensor-core mode).
+        "peak_tflops_mxfp8": _NONNEGATIVE.optional(),
+        "peak_tflops_nvfp4": _NONNEGATIVE.optional(),
         # Matmul efficiency: measured best case / peak. Absent, it is derived by catalog.check from
         # a measured figure (measured_gemm_tflops_*) or the sustained clock under the power limit.
         "gemm_eff_bf16": _FRACTION.optional(),
         "gemm_eff_fp8": _FRACTION_OR_ZERO.optional(),
+        "gemm_eff_nvfp4": _FRACTION.optional(),
         # Measured figures in the units the standard tools print (checked against the peaks):
         "measured_gemm_tflops_bf16": _POSITIVE.optional(),  # mamf-finder max achievable TFLOPS, bf16 (fp16)
         "measured_gemm_tflops_fp8": _POSITIVE.optional(),  # mamf-finder max achievable TFLOPS, fp8

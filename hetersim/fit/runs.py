@@ -108,8 +108,7 @@ def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = Fal
 SYNONYMS = {
     "mlp": {"swiglu": "gated", "geglu": "gated", "glu": "gated", "gelu": "plain", "relu": "plain", "mlp": "plain"},
     "precision": {"bf16-mixed": "bf16", "bfloat16": "bf16", "fp16-mixed": "fp16", "16-mixed": "fp16",
-                  "float16": "fp16", "fp8-hybrid": "fp8", "fp8-e4m3": "fp8", "float32": "fp32", "32": "fp32",
-                  "mxfp8": "fp8"},
+                  "float16": "fp16", "fp8-hybrid": "fp8", "fp8-e4m3": "fp8", "float32": "fp32", "32": "fp32"},
     "recompute": {"no": "none", "off": "none", "false": "none", "0": "none", "block": "full",
                   "uniform": "full", "true": "full", "1": "full"},
 }  # fmt: skip

@@ -18,11 +18,26 @@ import jax.numpy as jnp
 from .. import stacks
 from ..pytree import replace
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
-from ..types import Attention, Loss, Precision
+from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
 from .flops import attention_keys, core_width, kv_width, n_mlp_matrices, q_width
+
+
+def low_precision(plan: Plan):
+    """True in the 8- and 4-bit GEMM precisions (fp8, mxfp8, nvfp4): 16-bit activations, GEMM
+    inputs cast before each GEMM and saved in the low precision for the weight gradients."""
+    code = plan.precision_code
+    return (code == Precision.FP8) | (code == Precision.MXFP8) | (code == Precision.NVFP4)
+
+
+def gemm_input_bytes(plan: Plan):
+    """Bytes per GEMM input element (:data:`hetersim.types.GEMM_INPUT_BYTES`; else the activations')."""
+    out = act_bytes(plan)
+    for prec, nbytes in GEMM_INPUT_BYTES.items():
+        out = jnp.where(plan.precision_code == prec, nbytes, out)
+    return out
 
 
 def act_bytes(plan: Plan):
@@ -35,7 +50,8 @@ def gemm_rate(dev: DeviceSpec, cal: Calibration, plan: Plan):
     best-case matmul efficiency x the calibrated share of it that training shapes reach (and,
     in FP8, the share left after per-tensor scaling)."""
     idx = plan.precision_code
-    fp8 = jnp.where(idx == Precision.FP8, cal.fp8_scaling_eff, 1.0)
+    # The calibrated FP8 factor applies to the block-scaled formats too: no separate measurement.
+    fp8 = jnp.where(low_precision(plan), cal.fp8_scaling_eff, 1.0)
     return dev.peak_tflops[idx] * dev.gemm_eff[idx] * cal.gemm_shape_eff * fp8 * TFLOP
 
 
@@ -59,7 +75,7 @@ def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, ke
     """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
     per GEMM; a batched GEMM is one launch)."""
     flops = 2.0 * M * N * K
-    in_bytes = jnp.where(plan.precision_code == Precision.FP8, 1.0, act_bytes(plan))
+    in_bytes = gemm_input_bytes(plan)
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
     kernels = count if kernels is None else kernels
     t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, count / kernels), 1e9)
@@ -299,7 +315,7 @@ def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     hidden_ops = (2.0 * _by_fusion(NORM_BYTES, ea) * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
     rope = m.rope * _by_fusion(ROPE_BYTES, ea) * (q_width(m) + kv_width(m)) / t
     act_fn = act_fn_bytes(m, plan) * f / t
-    fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (3.0 * h + f) / t, 0.0)
+    fp8 = jnp.where(low_precision(plan), 3.0 * (3.0 * h + f) / t, 0.0)
     return T * (e * (hidden_ops + rope + act_fn) + fp8)
 
 
@@ -308,13 +324,13 @@ def mlp_elementwise_bytes(m: ModelSpec, plan: Plan):
     FP8, the casts of its two GEMM inputs."""
     e = act_bytes(plan) / 2.0
     T, h, f, t = tokens(plan), m.hidden, m.ffn_hidden, plan.tp
-    fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * (h + f) / t, 0.0)
+    fp8 = jnp.where(low_precision(plan), 3.0 * (h + f) / t, 0.0)
     return T * (e * act_fn_bytes(m, plan) * f / t + fp8)
 
 
 def mlp_elementwise_kernels(m: ModelSpec, plan: Plan):
     act = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, eager(plan)), 1.0)
-    return act + jnp.where(plan.precision_code == Precision.FP8, 2.0, 0.0)
+    return act + jnp.where(low_precision(plan), 2.0, 0.0)
 
 
 def act_fn_bytes(m: ModelSpec, plan: Plan):
@@ -337,7 +353,7 @@ def elementwise_kernels_fwd(m: ModelSpec, plan: Plan):
     ea = eager(plan)
     act = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, ea), 1.0)
     ops = 2.0 * _by_fusion(NORM_KERNELS, ea) + 2.0 + m.rope * _by_fusion(ROPE_KERNELS, ea) + act
-    return ops + jnp.where(plan.precision_code == Precision.FP8, 4.0, 0.0)
+    return ops + jnp.where(low_precision(plan), 4.0, 0.0)
 
 
 def layer_elementwise_fwd_s(dev, cal, m, plan):

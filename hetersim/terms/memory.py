@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from ..specs import ModelSpec, Plan
 from ..types import Attention, Loss, Precision, Recompute
 from ..units import GiB
-from . import moe
+from . import compute, moe
 from .flops import dense_mlp_params, expert_params, kv_width, layer_params, n_mlp_matrices, q_width
 
 WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
@@ -129,7 +129,7 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan):
     # FP8 training (Transformer Engine) saves the inputs of the four GEMMs as 1-byte FP8 copies
     # for the weight-gradient GEMMs: the QKV, output-projection and MLP inputs (h each) and the
     # down projection's input (f) take half the bytes.
-    fp8 = plan.precision_code == Precision.FP8
+    fp8 = compute.low_precision(plan)
     gemm_in_save = jnp.where(fp8, 1.0, 0.0)
     replicated = (8.0 + 2.0 * m.dropout) * h / sp_div - gemm_in_save * 2.0 * h / sp_div
     mlp = mlp_activation_bytes(m, plan, f)
@@ -154,7 +154,7 @@ def mlp_activation_bytes(m: ModelSpec, plan: Plan, f):
     (nothing s x s to drop) recomputes the cheap element-wise ops instead, as torchtitan's op-level
     policy and Megatron's ``moe_act`` recompute module do: the activation function's output (the
     down projection's input, 2f per token) is not stored."""
-    fp8 = jnp.where(plan.precision_code == Precision.FP8, 1.0, 0.0)
+    fp8 = jnp.where(compute.low_precision(plan), 1.0, 0.0)
     mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) - fp8 * f
     selective = (plan.recompute_code == Recompute.SELECTIVE) & (plan.attention_code != Attention.MATERIALIZED)
     return mlp - jnp.where(selective, 2.0 * f, 0.0)
@@ -165,7 +165,7 @@ def attn_activation_bytes(m: ModelSpec, plan: Plan):
     and the output projection's input (1 byte in FP8). MLA stores its up-projected query, key and
     value (``a*(d + d_r)``, ``a*(d + d_r)``, ``a*d_v``) and the output projection's input ``a*d_v``
     (its small latents are not counted)."""
-    fp8 = jnp.where(plan.precision_code == Precision.FP8, 1.0, 0.0)
+    fp8 = jnp.where(compute.low_precision(plan), 1.0, 0.0)
     q, k = q_width(m), kv_width(m)  # h and h*g/a when the head width is h/a
     std = 2.0 * q + 4.0 * k + (2.0 - fp8) * q
     a, d_qk, d_v = m.heads, m.head_dim + m.rope_head_dim, m.v_head_dim
@@ -182,7 +182,7 @@ def moe_activation_delta(m: ModelSpec, plan: Plan, routed, local):
     b, s = plan.micro_batch, plan.seq_len / plan.cp
     e = jnp.where(plan.precision_code == Precision.FP32, 2.0, 1.0)
     dense = b * s * e * mlp_activation_bytes(m, plan, m.ffn_hidden) / plan.tp
-    fp8 = jnp.where(plan.precision_code == Precision.FP8, 1.0, 0.0)  # the first expert GEMM's input in FP8
+    fp8 = jnp.where(compute.low_precision(plan), 1.0, 0.0)  # the first expert GEMM's input in FP8
     experts = routed * e * (mlp_activation_bytes(m, plan, m.moe_ffn_hidden / plan.etp) + (4.0 - fp8) * m.hidden)
     shared = b * s * e * mlp_activation_bytes(m, plan, m.shared_ffn_hidden) / plan.tp
     router = local * m.n_experts * 4.0

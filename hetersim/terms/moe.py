@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
-from ..types import Dispatcher, Precision
+from ..types import Dispatcher
 from ..units import GB, US
 from . import comm, compute
 from ._safe import safe_div
@@ -101,7 +101,7 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
     permute = 2.0 * 2.0 * e * h * (local + local * m.top_k * plan.moe_imbalance)
     act = e * routed * compute.act_fn_bytes(m, plan) * f
     shared = e * compute.tokens(plan) * compute.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
-    fp8 = jnp.where(plan.precision_code == Precision.FP8, 3.0 * routed * (h + f), 0.0)
+    fp8 = jnp.where(compute.low_precision(plan), 3.0 * routed * (h + f), 0.0)
     kernels = ROUTER_KERNELS + PERMUTE_KERNELS + 2.0 + jnp.where(m.shared_ffn_hidden > 0, 1.0, 0.0)
     return compute.stream_s(dev, cal, router + permute + act + shared + fp8, kernels)
 
