@@ -6,14 +6,14 @@ where user input is validated with one-line ``ValueError``s. Nothing here is tra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import tiers
-from .pytree import as_arrays
-from .specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, SystemSpec
+from .pytree import as_arrays, replace
+from .specs import Calibration, DeviceSpec, ModelExtra, ModelSpec, NetworkSpec, SystemSpec
 from .specs import plan as _plan
 from .terms.attention import FA2_SOFTMAX_COST
 from .types import N_LEVELS, PRECISION
@@ -44,9 +44,30 @@ def model_spec(entry: Mapping[str, Any]) -> ModelSpec:
             dropout=float(entry.get("dropout", not gated)),
             rope=float(entry.get("rope", gated)),
             tied_embeddings=float(bool(entry.get("tied_embeddings", False))),
-            **moe,
+            extra=ModelExtra(**moe) if has_extra(moe) else None,
         )
     )
+
+
+def has_extra(fields: Mapping[str, float]) -> bool:
+    """Whether a model has experts, latent attention, multi-token prediction or sliding windows
+    (else its ModelSpec carries no ``extra`` and its traced graph none of their terms)."""
+    return any(fields[k] > 0 for k in ("n_experts", "kv_lora_rank", "mtp_layers", "swa_window"))
+
+
+def uniform_models(models: Sequence[ModelSpec]) -> list[ModelSpec]:
+    """``models`` with one tree structure, to stack: where some have an ``extra`` and some not, the
+    dense ones get an all-zero one (their values; same step times)."""
+    if all(m.extra is None for m in models) or all(m.extra is not None for m in models):
+        return list(models)
+    out = []
+    for m in models:
+        if m.extra is None:
+            zero = {k: 0.0 for k in ModelExtra.__dataclass_fields__}
+            zero.update(moe_every=1.0, v_head_dim=float(np.asarray(m.head_dim)))
+            m = replace(m, extra=as_arrays(ModelExtra(**zero)))
+        out.append(m)
+    return out
 
 
 def _count(entry: Mapping[str, Any], key: str, default: float = 0.0) -> float:

@@ -77,11 +77,10 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
     # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
     # MLA passes its up-projected keys and values (a*(d + d_r) and a*d_v per token).
-    kv_width = jnp.where(
-        model.kv_lora_rank > 0,
-        model.heads * (model.head_dim + model.rope_head_dim + model.v_head_dim),
-        2.0 * model.kv_heads * model.head_dim,
-    )
+    kv_width = 2.0 * model.kv_heads * model.head_dim
+    if model.extra is not None:
+        mla = model.heads * (model.head_dim + model.rope_head_dim + model.v_head_dim)
+        kv_width = jnp.where(model.kv_lora_rank > 0, mla, kv_width)
     kv_bytes = T * kv_width / plan.tp * act
     ring_step = comm.p2p_s(net, s_cp, kv_bytes)
     cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
@@ -97,8 +96,11 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     )
     head = compute.head_s(dev, cal, model, plan)
 
-    parts = dict(attn_gemm_f=attn_gemm_f, attn_gemm_b=attn_gemm_b, attn_f=attn_f, attn_b=attn_b, cp_f=cp_f)
-    m = _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden)
+    if model.extra is None:  # a dense model has no MoE layer: none of its terms are traced
+        m = dict.fromkeys(("moe_f", "moe_b", "moe_recomp", "moe_tp_f", "moe_tp_b", "ep_f", "ep_b"), 0.0)
+    else:
+        parts = dict(attn_gemm_f=attn_gemm_f, attn_gemm_b=attn_gemm_b, attn_f=attn_f, attn_b=attn_b, cp_f=cp_f)
+        m = _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden)
     return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, **m)
 
 

@@ -275,14 +275,18 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
         )
 
     dense = parts(memory.local_params(model, plan), n_dp, s_dpg)
-    # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
-    # ep*etp apart), in the same buckets and windows; none where it has one rank.
     n_edp = memory.expert_dp(plan)
-    experts = parts(memory.expert_local_params(model, plan), n_edp, plan.ep * plan.etp)
-    on = jnp.where(n_edp > 1, 1.0, 0.0)
-    (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (
-        (d[0] + on * e[0], d[1] + on * e[1]) for d, e in zip(dense, experts, strict=True)
-    )
+    if model.extra is None:
+        (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = dense
+        n_edp = jnp.ones_like(n_dp)
+    else:
+        # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
+        # ep*etp apart), in the same buckets and windows; none where it has one rank.
+        experts = parts(memory.expert_local_params(model, plan), n_edp, plan.ep * plan.etp)
+        on = jnp.where(n_edp > 1, 1.0, 0.0)
+        (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (
+            (d[0] + on * e[0], d[1] + on * e[1]) for d, e in zip(dense, experts, strict=True)
+        )
     win_b = cal.dp_overlap * pipe.bwd_s
     win_f = cal.dp_overlap * pipe.fwd_s
     dp_z0 = pos(ar_bw - win_b) + ar_lat

@@ -81,7 +81,7 @@ class Space:
 
     @functools.cached_property
     def models(self) -> ModelSpec:
-        return _stack([build.model_spec(e) for e in self.model_entries.values()])
+        return _stack(build.uniform_models([build.model_spec(e) for e in self.model_entries.values()]))
 
     @functools.cached_property
     def systems(self) -> SystemSpec | ClusterSpec:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import build, planfields
 from ..simulate import simulate
-from ..specs import Calibration
+from ..specs import Calibration, ModelSpec
 from ..specs.plan import host_plan
 from .runs import (
     Row,
@@ -79,7 +79,8 @@ class _Distinct:
 
     def stacked(self, rows) -> Any:
         idx = np.asarray(self.owner)[np.asarray(rows, dtype=int)]
-        return jax.tree.map(lambda a: a[idx], _stack(self.specs))
+        specs = build.uniform_models(self.specs) if isinstance(self.specs[0], ModelSpec) else self.specs
+        return jax.tree.map(lambda a: a[idx], _stack(specs))
 
 
 @dataclasses.dataclass

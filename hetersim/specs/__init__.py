@@ -33,7 +33,37 @@ class ModelSpec:
     dropout: Any  # 1: the model trains with dropout (GPT-3, Megatron GPT); 0: LLaMA
     rope: Any  # 1: rotary position embedding applied to q and k
     tied_embeddings: Any  # 1: the LM head shares the input embedding matrix
-    # Mixture of experts (0 experts: a dense model). ``ffn_hidden`` is the dense layers' FFN.
+    # Mixture of experts, latent attention, multi-token prediction, sliding windows: None for a
+    # LLaMA-style dense model, whose traced graph then has none of their terms (read through the
+    # properties below, which give a dense model's values).
+    extra: Any = None
+
+    def _x(self, name: str, dense: Any = 0.0) -> Any:
+        return dense if self.extra is None else getattr(self.extra, name)
+
+    n_experts = property(lambda self: self._x("n_experts"))
+    top_k = property(lambda self: self._x("top_k"))
+    moe_ffn_hidden = property(lambda self: self._x("moe_ffn_hidden"))
+    shared_ffn_hidden = property(lambda self: self._x("shared_ffn_hidden"))
+    moe_layers = property(lambda self: self._x("moe_layers"))
+    moe_every = property(lambda self: self._x("moe_every", 1.0))
+    q_lora_rank = property(lambda self: self._x("q_lora_rank"))
+    kv_lora_rank = property(lambda self: self._x("kv_lora_rank"))
+    rope_head_dim = property(lambda self: self._x("rope_head_dim"))
+    v_head_dim = property(lambda self: self._x("v_head_dim", self.head_dim))
+    mtp_layers = property(lambda self: self._x("mtp_layers"))
+    swa_window = property(lambda self: self._x("swa_window"))
+    swa_share = property(lambda self: self._x("swa_share"))
+
+
+@spec
+class ModelExtra:
+    """What a model has beyond a LLaMA-style dense transformer (:attr:`ModelSpec.extra`).
+
+    ``ffn_hidden`` of the ModelSpec is the dense layers' FFN.
+    """
+
+    # Mixture of experts (0 experts: none).
     n_experts: Any  # routed experts per MoE layer
     top_k: Any  # routed experts each token goes to
     moe_ffn_hidden: Any  # FFN width of one routed expert
@@ -142,6 +172,7 @@ __all__ = [
     "Calibration",
     "DeviceSpec",
     "HostSpec",
+    "ModelExtra",
     "ModelSpec",
     "NetworkSpec",
     "Plan",

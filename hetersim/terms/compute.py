@@ -104,8 +104,10 @@ def attn_gemm_shapes(m: ModelSpec, plan: Plan):
     the small latents)."""
     T = tokens(plan)
     h, t, a = m.hidden, plan.tp, m.heads
-    mla = m.kv_lora_rank > 0
     one = jnp.ones_like(T)
+    if m.extra is None:  # no latent attention: the two GEMMs of ordinary attention
+        return [(T, (q_width(m) + 2.0 * kv_width(m)) / t, h, one), (T, h, q_width(m) / t, one)]
+    mla = m.kv_lora_rank > 0
     q_direct = a * (m.head_dim + m.rope_head_dim) / t
     g1 = jnp.where(mla, jnp.where(m.q_lora_rank > 0, m.q_lora_rank, q_direct), (q_width(m) + 2.0 * kv_width(m)) / t)
     return [

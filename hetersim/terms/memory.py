@@ -39,6 +39,8 @@ def moe_stage_layers(m: ModelSpec, layers):
     """MoE layers among a stage's ``layers``: all of them up to the model's MoE layers where those
     are contiguous, every ``moe_every``-th where they interleave with dense ones (a stage of
     consecutive layers; the busiest stage is the one with the most MoE layers)."""
+    if m.extra is None:
+        return 0.0
     mtp = jnp.where(m.moe_layers > 0, m.mtp_layers, 0.0)  # an MoE model's MTP layer is an MoE layer
     return jnp.minimum(jnp.ceil(layers / m.moe_every - 1e-6), m.moe_layers + mtp)
 
@@ -52,9 +54,10 @@ def local_params(m: ModelSpec, plan: Plan, layers=None):
     layer's shared experts and router are split like a dense MLP.
     """
     layers = busiest_stage_layers(m, plan) if layers is None else layers
-    n_moe = moe_stage_layers(m, layers)
-    shared = n_mlp_matrices(m) * m.hidden * m.shared_ffn_hidden + m.n_experts * m.hidden
-    per_rank = (layers * layer_params(m) + n_moe * (shared - dense_mlp_params(m))) / plan.tp
+    per_rank = layers * layer_params(m) / plan.tp
+    if m.extra is not None:
+        shared = n_mlp_matrices(m) * m.hidden * m.shared_ffn_hidden + m.n_experts * m.hidden
+        per_rank = per_rank + moe_stage_layers(m, layers) * (shared - dense_mlp_params(m)) / plan.tp
     vocab_mats = jnp.where(plan.pp > 1, 1.0, 2.0 - m.tied_embeddings)
     return per_rank + vocab_mats * m.vocab * m.hidden / plan.tp
 
@@ -62,6 +65,8 @@ def local_params(m: ModelSpec, plan: Plan, layers=None):
 def expert_local_params(m: ModelSpec, plan: Plan, layers=None):
     """Routed-expert parameters on one rank of the busiest stage: its ``n_experts / ep`` experts
     of each MoE layer, split ``etp`` ways."""
+    if m.extra is None:
+        return 0.0
     layers = busiest_stage_layers(m, plan) if layers is None else layers
     return moe_stage_layers(m, layers) * expert_params(m) / (plan.ep * plan.etp)
 
@@ -204,7 +209,9 @@ def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=No
     stored, working = layer_activation_bytes(m, plan)
     layers = busiest_stage_layers(m, plan) if layers is None else layers
     inflight = inflight_microbatches(plan, n_micro) if inflight is None else inflight
-    moe_stored, moe_working = moe_activation_delta(m, plan, moe.routed_tokens(m, plan), moe.local_tokens(plan))
+    moe_stored, moe_working = 0.0, 0.0
+    if m.extra is not None:
+        moe_stored, moe_working = moe_activation_delta(m, plan, moe.routed_tokens(m, plan), moe.local_tokens(plan))
     kept = (stored * layers + moe_stored * moe_stage_layers(m, layers)) * inflight
     # Full recomputation rebuilds one layer's activations during its backward (an MoE layer's in
     # an MoE model).
@@ -232,5 +239,5 @@ def buffer_bytes(m: ModelSpec, plan: Plan):
     # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
     gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)
     # MoE: the dispatch's receive buffer and the combine's send buffer of the routed token copies.
-    dispatch = jnp.where(plan.ep > 1, 2.0 * moe.dispatch_bytes(m, plan), 0.0)
+    dispatch = 0.0 if m.extra is None else jnp.where(plan.ep > 1, 2.0 * moe.dispatch_bytes(m, plan), 0.0)
     return logits + gathered + dispatch + RUNTIME_RESERVED_GiB * GiB
