@@ -33,6 +33,7 @@ FIELD_FLAGS = {
     "cxl": "--cxl-*",
     "gpu": "--gpu",
     "catalog": "--catalog",
+    "system": "--system",
 }
 TIER_FLAGS = {name: "--" + name.replace("_", "-") for name in ("cxl_expander", "cxl_pool", "cxl_p2p", "offload")}
 _TIER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
@@ -231,6 +232,15 @@ HARDWARE_OPTIONS = {
         ),
     ),
     "catalog_files": (list[Path], typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable.")),
+    "system": (
+        Path | None,
+        typer.Option(
+            None,
+            "--system",
+            help="A Calculon system file (systems/*.json): its compute, memory and networks replace the --gpu "
+            "device's; the rest (power, price, SMs, host link) stays that device's.",
+        ),
+    ),
     "overrides": (list[str], typer.Option([], "--set", help="FIELD=VALUE override of the GPU entry, repeatable.")),
 }
 
