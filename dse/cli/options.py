@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from hetersim.api import FROM_MODEL
-from hetersim.catalog import hf_config_path, model_from_dims, model_from_json
+from hetersim.catalog import model_entry, model_from_dims
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
 from hetersim.recipe import MEGATRON_MODEL_FLAGS
 from hetersim.types import FieldError
@@ -68,9 +68,7 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")
-        if hf_config_path(model) is not None:
-            return model, model_from_json(hf_config_path(model))
-        return model, catalog.model(model)
+        return model, model_entry(catalog, model)
     if not given:
         raise ValueError("give --model KEY|config.json, or the model's dimensions (--layers, --hidden, --heads, ...)")
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in given]

@@ -17,7 +17,15 @@ from __future__ import annotations
 
 from .calculon import with_calculon_system
 from .load import CATALOG_DIR, Catalog, load_catalog
-from .models import hf_config_path, llama_ffn_hidden, model_from_dims, model_from_hf_config, model_from_json
+from .models import (
+    hf_config_path,
+    llama_ffn_hidden,
+    model_entry,
+    model_from_dims,
+    model_from_hf_config,
+    model_from_hf_id,
+    model_from_json,
+)
 from .overrides import apply_overrides
 from .schema import PACKAGED_FILES, SECTIONS, Section, fields, numeric_fields
 
@@ -32,7 +40,9 @@ __all__ = [
     "llama_ffn_hidden",
     "load_catalog",
     "model_from_dims",
+    "model_entry",
     "model_from_hf_config",
+    "model_from_hf_id",
     "hf_config_path",
     "model_from_json",
     "numeric_fields",
