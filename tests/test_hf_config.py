@@ -258,6 +258,7 @@ def _hub_cache(root: Path, model_id: str, config: dict) -> Path:
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
     write(repo / "snapshots" / commit, config)
+    (root / "version.txt").write_text("1")  # a current cache: transformers 4.x would migrate an unversioned one
     return root
 
 
