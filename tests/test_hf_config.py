@@ -204,8 +204,20 @@ def test_calculon_model_file_reads_as_megatrons_1t_model(tmp_path):
 
 # openai-community/gpt2 config.json, the keys that set the shape (no n_inner: 4 x n_embd).
 GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257}
-# The same with the keys GPT2Config gives by default left out (n_positions 1024, n_head 12, n_layer 12).
-GPT2_SHORT = {"model_type": "gpt2", "n_embd": 768, "vocab_size": 50257}
+# The same without n_head: a shape the file leaves out is refused, with or without transformers.
+GPT2_SHORT = {k: v for k, v in GPT2.items() if k != "n_head"}
+# microsoft/Phi-3-mini-4k-instruct's shape, without tie_word_embeddings: Phi3Config's default is
+# untied; the plain reader, which knows no default for phi3, assumes tied.
+PHI3 = {
+    "model_type": "phi3",
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "vocab_size": 32064,
+}
 HF_ID = "meta-llama/Llama-3.1-8B"
 EVALUATE_8 = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
 
@@ -247,8 +259,15 @@ def test_transformers_reads_a_config_as_its_class_does(tmp_path, monkeypatch):
         m.setitem(sys.modules, "transformers", None)
         plain = {name: model_from_hf_config(tmp_path / name / "config.json") for name in configs}
     assert {n: _shape(e) for n, e in with_class.items()} == {n: _shape(e) for n, e in plain.items()}
-    # ... and the class fills what a file leaves out with its defaults: GPT-2 small's shape.
-    assert _shape(model_from_hf_config(write(tmp_path / "short", GPT2_SHORT))) == _shape(plain["gpt2"])
+    # ... the class's defaults fill what the file leaves out, except the shape ...
+    phi3 = model_from_hf_config(write(tmp_path / "phi3", PHI3))
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "transformers", None)
+        assert model_from_hf_config(tmp_path / "phi3" / "config.json")["tied_embeddings"] is True
+    assert phi3["tied_embeddings"] is False
+    assert params(phi3) == pytest.approx(3.82e9, abs=0.005e9)  # Phi-3-mini: 3.8B (arXiv 2404.14219)
+    with pytest.raises(ValueError, match="missing 'num_attention_heads' or 'n_head'"):
+        model_from_hf_config(write(tmp_path / "short", GPT2_SHORT))
 
 
 def _hub_cache(root: Path, model_id: str, config: dict) -> Path:

@@ -180,8 +180,9 @@ def _with_standard_names(loaded) -> dict[str, Any]:
 
 def _class_view(raw: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
     """``(config, note)``: with transformers, ``raw`` as the config class of its ``model_type``
-    reads it -- the class's defaults for the keys the file leaves out and its standard names --
-    else ``raw`` itself (and likewise for a ``model_type`` transformers does not know)."""
+    reads it -- its standard names, and its defaults for what the file leaves out except the shape
+    (:data:`_FROM_THE_FILE`): tied embeddings, KV heads, head width, RoPE -- else ``raw`` itself
+    (and likewise for a ``model_type`` transformers does not know)."""
     auto = _auto_config()
     model_type = raw.get("model_type")
     if auto is None or not isinstance(model_type, str):
@@ -193,7 +194,26 @@ def _class_view(raw: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
             return raw, ""
         first = (str(error).strip().splitlines() or ["invalid"])[0]
         raise _fail(origin, f"transformers refuses it: {first}") from None
-    return {**_with_standard_names(loaded), **raw}, " (read with transformers' config class)"
+    view = _with_standard_names(loaded)
+    aliases = getattr(loaded, "attribute_map", {})
+    for group in _FROM_THE_FILE:  # a shape the file does not give is missing, not a class default
+        if not any(k in raw or aliases.get(k) in raw for k in group):
+            for k in group:
+                view.pop(k, None)
+                view.pop(aliases.get(k), None)
+    return {**view, **raw}, " (read with transformers' config class)"
+
+
+# The shape of the model: read from the file (under any of its class's names), never a class
+# default -- a config without its width is refused, not given Llama-7B's.
+_FROM_THE_FILE = (
+    ("hidden_size", "n_embd"),
+    ("num_attention_heads", "n_head"),
+    ("num_hidden_layers", "n_layer"),
+    ("intermediate_size", "n_inner"),
+    ("vocab_size",),
+    ("max_position_embeddings", "n_positions", "n_ctx"),
+)
 
 
 def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: str, source: str) -> Entry:
