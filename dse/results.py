@@ -140,7 +140,9 @@ def to_frame(path: str | Path):
     dim = next(d for d in RECORD_DIMS if d in ds.dims)
     keep = [v for v in ds.data_vars if ds[v].dims == (dim,)]
     drop = [c for c in ds.coords if dim not in ds[c].dims]
-    frame = ds[keep].drop_vars(drop, errors="ignore").to_dataframe().reset_index()
+    frame = ds[keep].drop_vars(drop, errors="ignore").to_dataframe()
+    # Older xarray (2022.10) also puts index levels among the columns; keep them once, as columns.
+    frame = frame.drop(columns=[c for c in frame.index.names if c in frame.columns]).reset_index()
     first = [c for c in (NUMBER[dim], *frame.columns) if c in frame.columns and c in ds.coords]
     first = list(dict.fromkeys(first))
     frame = frame[[*first, *(c for c in frame.columns if c not in first)]]

@@ -58,15 +58,14 @@ def default_calibration():
 
 
 def _model(catalog, model: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(label, entry) of a catalog key, a Hugging Face ``config.json`` path or a dimensions dict."""
-    from .catalog import hf_config_path, model_from_dims, model_from_json
+    """(label, entry) of a catalog key, a Hugging Face ``config.json`` path or model id, or a
+    dimensions dict."""
+    from .catalog import model_entry, model_from_dims
 
     if isinstance(model, Mapping):
         entry = model_from_dims(**model)
         return entry["name"], entry
-    if hf_config_path(model) is not None:
-        return str(model), model_from_json(hf_config_path(model))
-    return str(model), catalog.model(model)
+    return str(model), model_entry(catalog, model)
 
 
 def parse_cluster(catalog, text: str) -> list[tuple[dict[str, Any], int]]:

@@ -149,7 +149,7 @@ def _pipeline(model, cluster, plan, cal, stages, lc, cost, p2p):
     g_mem = jnp.argmax(fit)
     g_flags = jnp.where(present, sims.infeasible, 0)
     g_flags = g_flags & ~(int(Infeasible.LAYERS_DIVIDE) | int(Infeasible.GPU_COUNT))
-    flags = jnp.bitwise_or.reduce(g_flags) | jnp.where(valid, 0, int(Infeasible.LAYERS_DIVIDE))
+    flags = _any_flags(g_flags) | jnp.where(valid, 0, int(Infeasible.LAYERS_DIVIDE))
 
     dp = jnp.max(jnp.where(present, sims.dp_comm_s, 0.0))
     opt = jnp.max(jnp.where(present, sims.optimizer_s, 0.0))
@@ -198,7 +198,7 @@ def _data(model, cluster, plan, cal, replicas, lc, cost):
     fit = jnp.where(present, sims.hbm_used_GiB / sims.hbm_capacity_GiB, 0.0)
     g_mem = jnp.argmax(fit)
     g_flags = jnp.where(present, sims.infeasible, 0) & ~int(Infeasible.GPU_COUNT) & ~int(Infeasible.BATCH_DIVIDE)
-    flags = jnp.bitwise_or.reduce(g_flags)
+    flags = _any_flags(g_flags)
     # Replicas finish their micro-batches, then synchronise gradients together: the step is the
     # slowest group's (each group's exposed DP traffic depends on its own backward window).
     terms = {k: getattr(slow, k) for k in STEP_TERMS}
@@ -295,3 +295,8 @@ def check_plan(cluster_groups, plan_opts: dict, mode: str) -> None:
                 f"cluster group {entry.get('name', '?')}:{count} does not hold whole stages or replicas "
                 f"({what} = {unit}); a tensor- or context-parallel group cannot span two device kinds"
             )
+
+
+def _any_flags(flags):
+    """The OR of a vector of flag words (``jnp.bitwise_or.reduce``, which jax 0.4.27 lacks)."""
+    return jax.lax.reduce(flags, jnp.zeros((), flags.dtype), jax.lax.bitwise_or, (0,))

@@ -19,6 +19,17 @@ def cal():
     return as_spec(load_calibration())
 
 
+def enable_x64():
+    """A float64 context: ``jax.enable_x64`` (newer JAX), else ``jax.experimental.enable_x64``
+    (JAX 0.4.27, the floor)."""
+    import jax
+
+    context = getattr(jax, "enable_x64", None)
+    if context is None:
+        from jax.experimental import enable_x64 as context
+    return context()
+
+
 def make(catalog, model="llama2-70b", gpu="h100-sxm-80gb", **plan):
     """(model, system, plan) specs from catalog keys and plan options."""
     opts = dict(n_gpus=64, tp=8, pp=2, global_batch=256, seq_len=4096, micro_batch=1, sp=True, zero=1)

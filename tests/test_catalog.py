@@ -427,9 +427,16 @@ def test_hf_gpt2_config(tmp_path):
         "mlp": "plain",
         "seq_len": 1024,
         "tied_embeddings": True,
-        "source": f"Hugging Face config {tmp_path / 'model' / 'config.json'}; "
+        "source": f"Hugging Face config {tmp_path / 'model' / 'config.json'}{_read_with()}; "
         "seq_len 1024 from max_position_embeddings",
     }
+
+
+def _read_with() -> str:
+    """How a config.json is read here: with transformers' config class where it is installed."""
+    from hetersim.catalog.models import _auto_config
+
+    return " (read with transformers' config class)" if _auto_config() is not None else ""
 
 
 @pytest.mark.parametrize(

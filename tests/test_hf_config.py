@@ -4,6 +4,9 @@ context, folders, study files, and refusals (issue 15). Parameter counts are the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +203,104 @@ def test_calculon_model_file_reads_as_megatrons_1t_model(tmp_path):
     moe = tmp_path / "moe.json"
     moe.write_text(json.dumps({**CALCULON_1T, "num_experts": 8}))
     assert_user_error(run([*base, "--model", moe]), "num_experts", "mixture-of-experts")
+
+
+# --------------------------------------------------------------------------------------------
+# transformers.AutoConfig (the `hf` extra) and the reader without it
+# --------------------------------------------------------------------------------------------
+
+# openai-community/gpt2 config.json, the keys that set the shape (no n_inner: 4 x n_embd).
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257}
+# The same without n_head: a shape the file leaves out is refused, with or without transformers.
+GPT2_SHORT = {k: v for k, v in GPT2.items() if k != "n_head"}
+# microsoft/Phi-3-mini-4k-instruct's shape, without tie_word_embeddings: Phi3Config's default is
+# untied; the plain reader, which knows no default for phi3, assumes tied.
+PHI3 = {
+    "model_type": "phi3",
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "vocab_size": 32064,
+}
+HF_ID = "meta-llama/Llama-3.1-8B"
+EVALUATE_8 = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
+
+
+@pytest.fixture
+def no_transformers(monkeypatch):
+    """As if transformers were not installed (an import of it fails)."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+
+
+def _shape(entry: dict) -> dict:
+    """The entry's model: what sets the cost (a head width of hidden / heads stated or not)."""
+    shape = {k: v for k, v in entry.items() if k not in ("source", "name")}
+    return {**shape, "head_dim": entry.get("head_dim") or entry["hidden"] // entry["heads"]}
+
+
+def test_without_transformers_the_plain_reader_reads_what_the_file_says(tmp_path, no_transformers):
+    from hetersim.catalog.models import _auto_config
+
+    assert _auto_config() is None
+    entry = model_from_hf_config(write(tmp_path / "llama31", LLAMA31_8B))
+    assert params(entry) == 8_030_261_248 and "read with transformers" not in entry["source"]
+    assert model_from_hf_config(write(tmp_path / "gpt2", GPT2))["ffn_hidden"] == 3072
+    # What a file leaves out is not filled from a config class: refused, naming the key.
+    with pytest.raises(ValueError, match="missing 'num_attention_heads' or 'n_head'"):
+        model_from_hf_config(write(tmp_path / "short", GPT2_SHORT))
+    # A model id needs the extra; the message says which.
+    line = assert_user_error(run([*EVALUATE_8, "--model", HF_ID]), HF_ID, "hetersim[hf]")
+    assert "unknown model" in line
+
+
+def test_transformers_reads_a_config_as_its_class_does(tmp_path, monkeypatch):
+    pytest.importorskip("transformers", reason="transformers (the hf extra) is not installed")
+    configs = {"gemma-7b": GEMMA_7B, "gemma-2b": GEMMA_2B, "llama31": LLAMA31_8B, "gpt2": GPT2}
+    with_class = {name: model_from_hf_config(write(tmp_path / name, c)) for name, c in configs.items()}
+    assert all("transformers' config class" in e["source"] for e in with_class.values())
+    # The configs the plain reader reads give the same model both ways ...
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "transformers", None)
+        plain = {name: model_from_hf_config(tmp_path / name / "config.json") for name in configs}
+    assert {n: _shape(e) for n, e in with_class.items()} == {n: _shape(e) for n, e in plain.items()}
+    # ... the class's defaults fill what the file leaves out, except the shape ...
+    phi3 = model_from_hf_config(write(tmp_path / "phi3", PHI3))
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "transformers", None)
+        assert model_from_hf_config(tmp_path / "phi3" / "config.json")["tied_embeddings"] is True
+    assert phi3["tied_embeddings"] is False
+    assert params(phi3) == pytest.approx(3.82e9, abs=0.005e9)  # Phi-3-mini: 3.8B (arXiv 2404.14219)
+    with pytest.raises(ValueError, match="missing 'num_attention_heads' or 'n_head'"):
+        model_from_hf_config(write(tmp_path / "short", GPT2_SHORT))
+
+
+def _hub_cache(root: Path, model_id: str, config: dict) -> Path:
+    """A Hugging Face Hub cache (huggingface_hub's layout) holding one model's config.json."""
+    repo = root / f"models--{model_id.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    write(repo / "snapshots" / commit, config)
+    (root / "version.txt").write_text("1")  # a current cache: transformers 4.x would migrate an unversioned one
+    return root
+
+
+def test_a_model_id_reads_through_autoconfig_from_the_hub_cache(tmp_path):
+    pytest.importorskip("transformers", reason="transformers (the hf extra) is not installed")
+    env = {**os.environ, "HF_HUB_CACHE": str(_hub_cache(tmp_path / "hub", HF_ID, LLAMA31_8B)), "HF_HUB_OFFLINE": "1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "dse", *EVALUATE_8, *args]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+
+    found = cli("--model", HF_ID, "--json")
+    assert found.returncode == 0, found.stderr
+    out = json.loads(found.stdout)
+    assert out["params"] == 8_030_261_248 and out["plan"]["seq_len"] == 8192
+    missing = cli("--model", "no-such-org/no-such-model")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    lines = missing.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "no-such-org/no-such-model" in lines[0]

@@ -15,7 +15,7 @@ from hetersim import build
 from hetersim.simulate import STEP_TERMS, simulate
 from hetersim.types import Infeasible
 
-from .conftest import make
+from .conftest import enable_x64, make
 
 sim = jax.jit(simulate)
 
@@ -119,7 +119,7 @@ def test_vmap_equals_one_at_a_time(catalog, cal):
 def test_float32_agrees_with_float64_reference(catalog, cal):
     m, s, p = make(catalog, tp=4, pp=4, vp=5, cp=2, zero=1, recompute="selective")
     out32 = simulate(m, s, p, cal)
-    with jax.enable_x64():
+    with enable_x64():
         up = lambda t: jax.tree.map(lambda x: x.astype(jnp.float64) if x.dtype == jnp.float32 else x, t)  # noqa: E731
         out64 = simulate(up(m), up(s), up(p), up(cal))
         ref = {k: float(getattr(out64, k)) for k in ("step_time_s", "mfu", "hbm_used_GiB", *STEP_TERMS)}
@@ -166,7 +166,7 @@ def test_gradients_are_finite_and_match_finite_differences(catalog, cal, field):
     g = jax.grad(step)(x0)
     assert np.all(np.isfinite(np.asarray(g)))
     # Central differences in float64 along a random direction.
-    with jax.enable_x64():
+    with enable_x64():
         up = lambda t: jax.tree.map(lambda v: v.astype(jnp.float64) if v.dtype == jnp.float32 else v, t)  # noqa: E731
         m64, s64, p64, c64 = up(m), up(s), up(p), up(cal)
         x64 = getattr(getattr(s64, head), leaf)

@@ -20,6 +20,8 @@ from hetersim.terms import offload
 from hetersim.types import OFFLOAD_STATE, TIER, Infeasible
 from hetersim.units import GiB
 
+from .conftest import enable_x64
+
 sim = jax.jit(simulate)
 GIB_S = GiB / 1e9  # GB/s per GiB/s
 
@@ -362,7 +364,7 @@ def test_gradients_wrt_tiers_are_finite_and_match_finite_differences(catalog, ca
     assert float(jnp.sum(jnp.abs(grads[2]))) > 0  # the pool's bandwidth matters here
     assert float(jnp.sum(jnp.abs(grads[4]))) > 0  # and the latency of the streamed tier
     assert float(jnp.sum(jnp.abs(grads[5]))) == 0  # capacity only sets a flag
-    with jax.enable_x64():
+    with enable_x64():
         up = lambda t: jax.tree.map(lambda v: v.astype(jnp.float64) if v.dtype == jnp.float32 else v, t)  # noqa: E731
         m64, s64, p64, c64 = up(m), up(s), up(p), up(cal)
         x64 = tuple(getattr(s64.host, f) for f in leaves)

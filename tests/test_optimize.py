@@ -26,6 +26,7 @@ from dse.cli import configuration
 from dse.cli.optimize import optimize_command, sensitivity_report
 from dse.inner import InnerSolver, exhaustive, outer_grid
 from dse.optimize import run_optimize
+from dse.optimize.storage import stored_constraints
 from dse.pareto import hypervolume, pareto_mask
 from dse.search_space import load_search, parse_search
 from dse.sensitivity import grid_continuous, sensitivity, tune_continuous
@@ -288,7 +289,7 @@ def test_two_workers_share_one_journal(tmp_path):
     assert sum(added) == len(trials)  # every trial a worker asked was told, by that worker
     assert target <= len(trials) <= target + 16  # concurrent workers overshoot by at most a batch
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    assert all("metrics" in t.user_attrs["hetersim"] and t.constraints for t in trials)
+    assert all("metrics" in t.user_attrs["hetersim"] and stored_constraints(t) for t in trials)
     assert len({t.user_attrs["hetersim"]["worker"] for t in trials}) == sum(a > 0 for a in added)
 
     # resuming continues the same study, and the dataset holds every trial of the storage

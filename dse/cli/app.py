@@ -40,6 +40,9 @@ class OneLineErrors(TyperGroup):
             if not standalone_mode:
                 raise
             hint = ""
+            if isinstance(error, click.BadParameter) and error.param_hint is None and error.param is not None:
+                if error.param.param_type_name == "argument":  # its name, not a typer-dependent metavar
+                    error.param_hint = f"'{error.param.name}'"
             if isinstance(error, click.UsageError) and error.ctx is not None:
                 hint = f" (see {error.ctx.command_path} --help)"
             fail(error.format_message() + hint, error.exit_code if error.exit_code else 2, exit=sys.exit)

@@ -10,9 +10,10 @@ import typer
 
 from dse import format as fmt
 from hetersim.catalog import load_catalog
+from hetersim.catalog.calculon import UNUSED, with_calculon_system
 from hetersim.outputs import STEP_TERMS
 
-from .app import app, user_errors
+from .app import app, status, user_errors
 from .options import (
     CONFIGURATION_OPTIONS,
     apply_recipe,
@@ -32,6 +33,7 @@ def configuration(
     gpu=None,
     offload=(),
     catalog_files=(),
+    system=None,
     overrides=(),
     layers=None,
     hidden=None,
@@ -57,6 +59,11 @@ def configuration(
     if (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))
+    if system is not None:
+        if gpu is None:
+            raise ValueError("--system describes one device kind: give --gpu KIND (the base for what it leaves out)")
+        catalog, gpu = with_calculon_system(catalog, gpu, system)
+        status(f"{system}: Calculon keys the model does not use (its own apply): {', '.join(UNUSED)}")
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
     dims["head_dim"] = head_dim
     dims = {k: v for k, v in {**dims, "mlp": mlp, "tied_embeddings": tied_embeddings}.items() if v is not None}

@@ -25,8 +25,9 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
     if parquet is not None:
         try:
             import pyarrow  # noqa: F401
-        except ImportError:
-            raise ValueError("--parquet needs pyarrow: pip install 'hetersim[parquet]'") from None
+        except ImportError as error:
+            found = "" if isinstance(error, ModuleNotFoundError) else f" (installed, but: {error})"
+            raise ValueError(f"--parquet needs pyarrow: pip install 'hetersim[parquet]'{found}") from None
     frame = to_frame(path)
     written = []
     for target, write in (

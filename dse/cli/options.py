@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from hetersim.api import FROM_MODEL
-from hetersim.catalog import hf_config_path, model_from_dims, model_from_json
+from hetersim.catalog import model_entry, model_from_dims
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
 from hetersim.recipe import MEGATRON_MODEL_FLAGS
 from hetersim.types import FieldError
@@ -33,6 +33,7 @@ FIELD_FLAGS = {
     "cxl": "--cxl-*",
     "gpu": "--gpu",
     "catalog": "--catalog",
+    "system": "--system",
 }
 TIER_FLAGS = {name: "--" + name.replace("_", "-") for name in ("cxl_expander", "cxl_pool", "cxl_p2p", "offload")}
 _TIER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
@@ -67,9 +68,7 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")
-        if hf_config_path(model) is not None:
-            return model, model_from_json(hf_config_path(model))
-        return model, catalog.model(model)
+        return model, model_entry(catalog, model)
     if not given:
         raise ValueError("give --model KEY|config.json, or the model's dimensions (--layers, --hidden, --heads, ...)")
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in given]
@@ -231,6 +230,15 @@ HARDWARE_OPTIONS = {
         ),
     ),
     "catalog_files": (list[Path], typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable.")),
+    "system": (
+        Path | None,
+        typer.Option(
+            None,
+            "--system",
+            help="A Calculon system file (systems/*.json): its compute, memory and networks replace the --gpu "
+            "device's; the rest (power, price, SMs, host link) stays that device's.",
+        ),
+    ),
     "overrides": (list[str], typer.Option([], "--set", help="FIELD=VALUE override of the GPU entry, repeatable.")),
 }
 

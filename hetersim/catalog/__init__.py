@@ -8,14 +8,24 @@ file, the entry and what is allowed. See ``README.md`` in this folder for the fo
 
 Modules: ``schema`` (sections, fields and their rules), ``check`` (checks of entries and the merge
 of an override), ``load`` (:func:`load_catalog`, :class:`Catalog`), ``overrides``
-(:func:`apply_overrides`), ``models`` (model entries from dimensions or a Hugging Face config).
+(:func:`apply_overrides`), ``models`` (model entries from dimensions or a Hugging Face config),
+``calculon`` (a device from a Calculon system file, :func:`with_calculon_system`).
 Import the public names from ``hetersim.catalog``. Nothing here imports JAX.
 """
 
 from __future__ import annotations
 
+from .calculon import with_calculon_system
 from .load import CATALOG_DIR, Catalog, load_catalog
-from .models import hf_config_path, llama_ffn_hidden, model_from_dims, model_from_hf_config, model_from_json
+from .models import (
+    hf_config_path,
+    llama_ffn_hidden,
+    model_entry,
+    model_from_dims,
+    model_from_hf_config,
+    model_from_hf_id,
+    model_from_json,
+)
 from .overrides import apply_overrides
 from .schema import PACKAGED_FILES, SECTIONS, Section, fields, numeric_fields
 
@@ -30,8 +40,11 @@ __all__ = [
     "llama_ffn_hidden",
     "load_catalog",
     "model_from_dims",
+    "model_entry",
     "model_from_hf_config",
+    "model_from_hf_id",
     "hf_config_path",
     "model_from_json",
     "numeric_fields",
+    "with_calculon_system",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -111,17 +113,135 @@ def hf_config_path(model: str | Path) -> Path | None:
     return path if str(model).endswith(".json") or path.is_file() else None
 
 
+HF_EXTRA = "pip install 'hetersim[hf]'"
+# A Hub model id: one owner and one name (a path that exists is read as a file or folder first).
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def is_hf_id(model: str) -> bool:
+    return bool(_HF_ID.fullmatch(model)) and not model.endswith(".json") and not Path(model).exists()
+
+
+def model_entry(catalog, model: str | Path) -> Entry:
+    """The model ``model`` names: a ``config.json`` or Calculon ``.json`` file or a folder
+    (:func:`model_from_json`), a catalog key, else -- with transformers -- a Hugging Face model id
+    (:func:`model_from_hf_id`). An unknown name is one line (naming the ``hf`` extra for an id)."""
+    path = hf_config_path(model)
+    if path is not None:
+        return model_from_json(path)
+    try:
+        return catalog.model(str(model))
+    except ValueError as error:
+        if not is_hf_id(str(model)):
+            raise
+        if _auto_config() is None:
+            raise ValueError(f"{error} (a Hugging Face model id needs transformers: {HF_EXTRA})") from None
+    return model_from_hf_id(str(model))
+
+
 def model_from_hf_config(path: str | Path) -> Entry:
     """A validated model entry from a Hugging Face ``config.json`` (or a folder holding one):
     Llama/Mistral/Qwen2/Gemma or GPT-2 style keys; ``head_dim`` where a config sets it; the
     training context as :data:`HF_TRAINING_SEQ_LEN_CAP` says; the experts, latent attention,
     multi-token prediction and sliding windows of the MoE types in :data:`_MOE_TYPES`. MoE
-    configs of other types and encoder-decoder configs are refused."""
+    configs of other types and encoder-decoder configs are refused. With ``transformers``
+    installed (the ``hf`` extra) the file is read as its config class reads it
+    (:func:`_class_view`); without it, as written."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     origin = f"config file {path}"
-    config = _read_json(path, origin)
+    raw = _read_json(path, origin)
+    config, how = _class_view(raw, origin)
+    name = str(raw.get("_name_or_path") or path.parent.name or path.stem)
+    return _hf_entry(config, raw, origin, name, f"Hugging Face config {path}{how}")
+
+
+def model_from_hf_id(model_id: str) -> Entry:
+    """A validated model entry from a Hugging Face Hub model id (``org/name``): its config as
+    ``transformers.AutoConfig.from_pretrained`` loads it (the Hub, or the local cache offline).
+    Needs the ``hf`` extra; every failure is one line."""
+    origin = f"Hugging Face model {model_id!r}"
+    auto = _auto_config()
+    if auto is None:
+        raise _fail(origin, f"reading a model id needs transformers ({HF_EXTRA}); or give its config.json")
+    try:
+        loaded = auto.from_pretrained(model_id)
+    except (OSError, ValueError, KeyError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise _fail(origin, f"transformers cannot load its config: {first}") from None
+    config = _with_standard_names(loaded)
+    return _hf_entry(
+        config, loaded.to_dict(), origin, model_id, f"Hugging Face model {model_id} (transformers.AutoConfig)"
+    )
+
+
+def _auto_config():
+    """``transformers.AutoConfig``, or None without transformers. Its import-time advice that
+    PyTorch is missing (irrelevant to configs) is silenced."""
+    previous = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        return None
+    finally:
+        if previous is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = previous
+    return AutoConfig
+
+
+def _with_standard_names(loaded) -> dict[str, Any]:
+    """A transformers config as a dict: its fields, and every standard name its class maps onto
+    its own (``attribute_map``: GPT-2's ``n_embd`` is also ``hidden_size``)."""
+    out = loaded.to_dict()
+    for standard in getattr(loaded, "attribute_map", {}):
+        out.setdefault(standard, getattr(loaded, standard, None))
+    return out
+
+
+def _class_view(raw: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
+    """``(config, note)``: with transformers, ``raw`` as the config class of its ``model_type``
+    reads it -- its standard names, and its defaults for what the file leaves out except the shape
+    (:data:`_FROM_THE_FILE`): tied embeddings, KV heads, head width, RoPE -- else ``raw`` itself
+    (and likewise for a ``model_type`` transformers does not know)."""
+    auto = _auto_config()
+    model_type = raw.get("model_type")
+    if auto is None or not isinstance(model_type, str):
+        return raw, ""
+    try:
+        loaded = auto.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
+    except ValueError as error:
+        if "Unrecognized model" in str(error) or "model_type" in str(error):
+            return raw, ""
+        first = (str(error).strip().splitlines() or ["invalid"])[0]
+        raise _fail(origin, f"transformers refuses it: {first}") from None
+    view = _with_standard_names(loaded)
+    aliases = getattr(loaded, "attribute_map", {})
+    for group in _FROM_THE_FILE:  # a shape the file does not give is missing, not a class default
+        if not any(k in raw or aliases.get(k) in raw for k in group):
+            for k in group:
+                view.pop(k, None)
+                view.pop(aliases.get(k), None)
+    return {**view, **raw}, " (read with transformers' config class)"
+
+
+# The shape of the model: read from the file (under any of its class's names), never a class
+# default -- a config without its width is refused, not given Llama-7B's.
+_FROM_THE_FILE = (
+    ("hidden_size", "n_embd"),
+    ("num_attention_heads", "n_head"),
+    ("num_hidden_layers", "n_layer"),
+    ("intermediate_size", "n_inner"),
+    ("vocab_size",),
+    ("max_position_embeddings", "n_positions", "n_ctx"),
+)
+
+
+def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: str, source: str) -> Entry:
+    """The model entry of a Hugging Face config (``raw``: as written, for its key style)."""
 
     def get(*names: str, default: Any = None) -> Any:
         """The first of `names` set in the config, else `default`; neither is an error."""
@@ -141,11 +261,11 @@ def model_from_hf_config(path: str | Path) -> Entry:
     heads = get("num_attention_heads", "n_head")
     activation = str(config.get("hidden_activation") or config.get("hidden_act", "")).lower()
     gated = model_type in _GATED_TYPES or activation in _GATED_ACTIVATIONS
-    is_gpt2_style = "n_embd" in config and "hidden_size" not in config
+    is_gpt2_style = "n_embd" in raw and "hidden_size" not in raw
     ffn_default = 4 * hidden if is_gpt2_style and _is_number(hidden) else None
     seq_len, seq_note = _training_seq_len(config, get)
     entry: Entry = {
-        "name": str(config.get("_name_or_path") or path.parent.name or path.stem),
+        "name": name,
         "layers": get("num_hidden_layers", "n_layer"),
         "hidden": hidden,
         "heads": heads,
@@ -155,7 +275,7 @@ def model_from_hf_config(path: str | Path) -> Entry:
         "mlp": "gated" if gated else "plain",
         "seq_len": seq_len,
         "tied_embeddings": bool(config.get("tie_word_embeddings", _TIED_BY_DEFAULT.get(model_type, True))),
-        "source": f"Hugging Face config {path}; {seq_note}",
+        "source": f"{source}; {seq_note}",
     }
     if config.get("head_dim") is not None:
         entry["head_dim"] = config["head_dim"]
@@ -229,10 +349,11 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
 
 def _training_seq_len(config: dict[str, Any], get) -> tuple[Any, str]:
     """(training context, how it was chosen) -- see :data:`HF_TRAINING_SEQ_LEN_CAP`."""
-    scaling = config.get("rope_scaling")
-    if isinstance(scaling, dict) and _is_number(scaling.get("original_max_position_embeddings")):
-        value = scaling["original_max_position_embeddings"]
-        return value, f"seq_len {value} from rope_scaling.original_max_position_embeddings (pre-training context)"
+    for key in ("rope_scaling", "rope_parameters"):  # transformers 5 keeps rope_scaling as rope_parameters
+        scaling = config.get(key)
+        if isinstance(scaling, dict) and _is_number(scaling.get("original_max_position_embeddings")):
+            value = scaling["original_max_position_embeddings"]
+            return value, f"seq_len {value} from {key}.original_max_position_embeddings (pre-training context)"
     longest = get("max_position_embeddings", "n_positions", "n_ctx")
     if _is_number(longest) and longest > HF_TRAINING_SEQ_LEN_CAP:
         note = f"seq_len {HF_TRAINING_SEQ_LEN_CAP}: the config's {longest} capped at the training default"
