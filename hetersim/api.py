@@ -167,10 +167,12 @@ def configure(
         itv = step_time_interval(cat, [e for e, _ in groups], resolved, mixed.total.step_time_s)
         return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), mixed.total, rows, mixed, itv)
     from . import tiers
+    from .reliability import check_checkpoint_tier
 
     cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
     system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, **cxl)
     tiers.check_offload(system.host, resolved["offload"])
+    check_checkpoint_tier(system.host, resolved["checkpoint_tier"])
     check_layout(model_entry, plan, resolved)
     out = _compiled("simulate")(m, system, plan_s, cal)
     itv = step_time_interval(cat, [gpu_entry], resolved, out.step_time_s)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
+from .types import Attention, CheckpointTier, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
@@ -76,6 +76,7 @@ class PlanField:
     off_flag: str = ""  # a boolean's negative CLI flag (``--no-sp``)
     aliases: tuple[str, ...] = ()  # Megatron-LM / NeMo spellings of the flag
     switches: tuple[tuple[str, Any], ...] = ()  # (value-less flag, the value it sets)
+    min_positive: float = 0.0  # where 0 is allowed: the smallest positive value (0 < v < it is an error)
 
     @property
     def leaf(self) -> str:
@@ -275,6 +276,43 @@ FIELDS: tuple[PlanField, ...] = (
         hi=MAX_TRAIN_TOKENS,
         help="Token budget for time/cost/energy.",
     ),
+    # Goodput (hetersim.terms.goodput): where checkpoints go, how often, and whether training waits.
+    PlanField(
+        "checkpoint_tier",
+        "choice",
+        CheckpointTier.PFS.label,
+        "where checkpoints are written",
+        label="ckpt",
+        axis=True,
+        options=CheckpointTier,
+        help="Checkpoint target: pfs, nvme, host-dram, cxl-expander, cxl-pool (the node's tiers keep a "
+        "replica on a peer node), gpu-peers (a peer node's host DRAM).",
+    ),
+    PlanField(
+        "checkpoint_every",
+        "float",
+        0.0,
+        "checkpoint interval",
+        "steps",
+        label="every",
+        axis=True,
+        lo=0.0,
+        hi=1e9,
+        min_positive=1.0,
+        zero_means="the Young/Daly optimum",
+        help="Checkpoint every N training steps (0: the Young/Daly optimum; at least one step otherwise).",
+    ),
+    PlanField(
+        "checkpoint_async",
+        "bool",
+        False,
+        "asynchronous checkpoints (training waits only for the copy to host memory)",
+        label="async",
+        axis=True,
+        off_flag="--checkpoint-sync",
+        help="Asynchronous checkpoints: training waits only for the copy to host DRAM, the write "
+        "to the tier overlaps training (torch DCP async_save, Megatron async save).",
+    ),
     PlanField(
         "offload",
         "offload",
@@ -423,6 +461,7 @@ def _number(f: PlanField, value: Any) -> float:
     except (TypeError, ValueError):
         v = math.nan
     ok = math.isfinite(v) and v >= f.lo and v <= f.hi and (v > 0 or f.lo <= 0) and (not integer or v == int(v))
+    ok = ok and not (0 < v < f.min_positive)
     if not ok:
         raise ValueError(f"{f.name} must be {rule(f.name)}; got {value!r}")
     return v
@@ -434,6 +473,8 @@ def _rule(f: PlanField) -> str:
     if f.hi - f.lo <= 8:
         return f"one of {', '.join(str(int(x)) for x in range(int(f.lo), int(f.hi) + 1))}"
     bound = "" if math.isinf(f.hi) else f" <= {_bound(f.hi)}"
+    if f.lo <= 0 and f.min_positive > 0:
+        return f"0 or a number >= {_plain(f.min_positive)}{' and' + bound if bound else ''}"
     if f.lo <= 0:
         return f">= 0 and{bound}" if bound else ">= 0"
     return f"a positive {kind}{bound}"

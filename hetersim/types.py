@@ -112,6 +112,22 @@ class Tier(Choice):
     CXL_POOL = 3
 
 
+# Where checkpoints are written (hetersim.terms.goodput): a peer node's host DRAM over the
+# scale-out network (Gemini, Wang et al. SOSP'23), the node's own memory tiers (each with a replica
+# on a peer node, so a checkpoint survives the loss of its node), a CXL pool outside the host, the
+# node's local NVMe drives, or the cluster's parallel file system.
+CheckpointTierName = Literal["pfs", "nvme", "host-dram", "cxl-expander", "cxl-pool", "gpu-peers"]
+
+
+class CheckpointTier(Choice):
+    PFS = 0
+    NVME = 1
+    HOST_DRAM = 2
+    CXL_EXPANDER = 3
+    CXL_POOL = 4
+    GPU_PEERS = 5
+
+
 OffloadStateName = Literal["optimizer", "grads", "params", "activations"]
 
 
@@ -142,6 +158,7 @@ TIER: tuple[TierName, ...] = Tier.names()  # type: ignore[assignment]
 N_TIERS = len(TIER)
 OFFLOAD_STATE: tuple[OffloadStateName, ...] = OffloadState.names()  # type: ignore[assignment]
 ORDER: tuple[OrderName, ...] = Order.names()  # type: ignore[assignment]
+CHECKPOINT_TIER: tuple[CheckpointTierName, ...] = CheckpointTier.names()  # type: ignore[assignment]
 
 # Mixed clusters (hetersim.cluster): at most this many device groups, split across kinds by
 # pipeline stages or by data-parallel replicas.
@@ -195,6 +212,7 @@ class Infeasible(enum.IntFlag):
     TIER_MISSING = 512  # offload to a tier the node does not have
     HIDDEN_DIVIDE = 1024  # hidden / ffn / vocab not divisible by tp
     KERNEL = 2048  # the device cannot run the plan's attention kernel
+    NO_PROGRESS = 4096  # failures, restarts and checkpoints take all the wall time (goodput 0)
 
     @classmethod
     def describe(cls, value: int) -> list[str]:
@@ -215,4 +233,5 @@ REASONS = {
     Infeasible.TIER_MISSING: "offload to a memory tier this node does not have",
     Infeasible.HIDDEN_DIVIDE: "hidden, FFN or vocabulary size is not divisible by tp",
     Infeasible.KERNEL: "the device cannot run this attention kernel (use attention = materialized)",
+    Infeasible.NO_PROGRESS: "failures, restarts and checkpoints leave no time for training (goodput 0)",
 }
