@@ -72,7 +72,7 @@ CATALOG_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("latency_ns", "latency ns"),
         ("link", "link"),
     ),
-    "clusters": (
+    "fleets": (
         ("name", "name"),
         ("job_gpus", "GPUs"),
         ("window_days", "days"),

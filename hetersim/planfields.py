@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, CheckpointTier, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
+from .types import Attention, CheckpointMode, CheckpointTier, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
@@ -76,7 +76,6 @@ class PlanField:
     off_flag: str = ""  # a boolean's negative CLI flag (``--no-sp``)
     aliases: tuple[str, ...] = ()  # Megatron-LM / NeMo spellings of the flag
     switches: tuple[tuple[str, Any], ...] = ()  # (value-less flag, the value it sets)
-    min_positive: float = 0.0  # where 0 is allowed: the smallest positive value (0 < v < it is an error)
 
     @property
     def leaf(self) -> str:
@@ -290,28 +289,27 @@ FIELDS: tuple[PlanField, ...] = (
     ),
     PlanField(
         "checkpoint_every",
-        "float",
-        0.0,
+        "int",
+        0,
         "checkpoint interval",
         "steps",
         label="every",
         axis=True,
-        lo=0.0,
+        lo=0,
         hi=1e9,
-        min_positive=1.0,
         zero_means="the Young/Daly optimum",
-        help="Checkpoint every N training steps (0: the Young/Daly optimum; at least one step otherwise).",
+        help="Checkpoint every N training steps, a whole number (0: the Young/Daly optimum).",
     ),
     PlanField(
-        "checkpoint_async",
-        "bool",
-        False,
-        "asynchronous checkpoints (training waits only for the copy to host memory)",
-        label="async",
+        "checkpoint_mode",
+        "choice",
+        CheckpointMode.SYNC.label,
+        "checkpoint writes: sync (training waits) or async (training waits for the copy to host DRAM)",
+        label="ckpt-mode",
         axis=True,
-        off_flag="--checkpoint-sync",
-        help="Asynchronous checkpoints: training waits only for the copy to host DRAM, the write "
-        "to the tier overlaps training (torch DCP async_save, Megatron async save).",
+        options=CheckpointMode,
+        help="Checkpoint writes: sync, training waits for the write; async, training waits only for "
+        "the copy to host DRAM and the write overlaps training (torch DCP async_save, Megatron async save).",
     ),
     PlanField(
         "offload",
@@ -461,7 +459,6 @@ def _number(f: PlanField, value: Any) -> float:
     except (TypeError, ValueError):
         v = math.nan
     ok = math.isfinite(v) and v >= f.lo and v <= f.hi and (v > 0 or f.lo <= 0) and (not integer or v == int(v))
-    ok = ok and not (0 < v < f.min_positive)
     if not ok:
         raise ValueError(f"{f.name} must be {rule(f.name)}; got {value!r}")
     return v
@@ -473,8 +470,6 @@ def _rule(f: PlanField) -> str:
     if f.hi - f.lo <= 8:
         return f"one of {', '.join(str(int(x)) for x in range(int(f.lo), int(f.hi) + 1))}"
     bound = "" if math.isinf(f.hi) else f" <= {_bound(f.hi)}"
-    if f.lo <= 0 and f.min_positive > 0:
-        return f"0 or a number >= {_plain(f.min_positive)}{' and' + bound if bound else ''}"
     if f.lo <= 0:
         return f">= 0 and{bound}" if bound else ">= 0"
     return f"a positive {kind}{bound}"

@@ -1,13 +1,13 @@
-"""Failures, restarts and storage of the cluster a job runs in, host side: catalog -> HostSpec leaves.
+"""Failures, restarts and storage of the fleet a job runs in, host side: catalog -> HostSpec leaves.
 
-A GPU entry names its cluster (``cluster = "meta-llama3-h100"``, the default; catalog/clusters.toml)
+A GPU entry names its fleet (``fleet = "meta-llama3-h100"``, the default; catalog/fleets.toml)
 and may override any of its figures (``interrupts_per_Mgpuh``, ``restart_s``, ``pfs_GBps``,
 ``nvme_GBps``, ``nvme_capacity_GiB``, ``straggler_node_frac``, ``straggler_slowdown``), from a
 catalog file, a study's ``[hardware.set]`` or the CLI's ``--set``. The traced cost of failures and
 checkpoints is :mod:`hetersim.terms.goodput`. Nothing here is traced; bad input is a one-line
 ``ValueError``.
 
-**Rates from counts.** A cluster entry holds the unexpected interruptions of one observed job by
+**Rates from counts.** A fleet entry holds the unexpected interruptions of one observed job by
 cause (the Llama 3 paper's Table 5 for ``meta-llama3-h100``). Every cause is taken to scale with
 the job's size (GPUs, their hosts, NICs and the switches under them), so the rate is per GPU-hour:
 ``count / (job_gpus * window_days * 24)``, and a job of ``N`` GPUs is interrupted on average every
@@ -20,7 +20,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-DEFAULT_CLUSTER = "meta-llama3-h100"
+DEFAULT_FLEET = "meta-llama3-h100"
 CAUSES = ("gpu", "host", "network", "software", "maintenance", "unknown")
 # The hardware causes of the Llama 3 paper's "78% ... attributed to confirmed hardware issues"
 # (GPU, host and network components; §3.3.4).
@@ -37,23 +37,23 @@ HOST_FIELDS = (
 
 
 @functools.cache
-def _packaged_clusters() -> dict[str, dict[str, Any]]:
+def _packaged_fleets() -> dict[str, dict[str, Any]]:
     from .catalog import load_catalog
 
-    return load_catalog().clusters
+    return load_catalog().fleets
 
 
-def cluster_entry(gpu: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any]] | None = None):
-    """The clusters entry a GPU entry names (``cluster``, default :data:`DEFAULT_CLUSTER`)."""
-    clusters = _packaged_clusters() if clusters is None else clusters
-    key = str(gpu.get("cluster", DEFAULT_CLUSTER))
-    if key not in clusters:
-        raise ValueError(f"cluster: unknown cluster {key!r}; known: {', '.join(sorted(clusters))}")
-    return clusters[key]
+def fleet_entry(gpu: Mapping[str, Any], fleets: Mapping[str, Mapping[str, Any]] | None = None):
+    """The fleets entry a GPU entry names (``fleet``, default :data:`DEFAULT_FLEET`)."""
+    fleets = _packaged_fleets() if fleets is None else fleets
+    key = str(gpu.get("fleet", DEFAULT_FLEET))
+    if key not in fleets:
+        raise ValueError(f"fleet: unknown fleet {key!r}; known: {', '.join(sorted(fleets))}")
+    return fleets[key]
 
 
 def gpu_hours(entry: Mapping[str, Any]) -> float:
-    """GPU-hours of the observation behind a cluster's counts."""
+    """GPU-hours of the observation behind a fleet's counts."""
     return float(entry["job_gpus"]) * float(entry["window_days"]) * 24.0
 
 
@@ -84,10 +84,10 @@ def _positive(what: str, value: Any) -> float:
     return v
 
 
-def host_fields(gpu: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, float]:
-    """The goodput leaves of :class:`~hetersim.specs.HostSpec` for a GPU entry: its cluster's
+def host_fields(gpu: Mapping[str, Any], fleets: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, float]:
+    """The goodput leaves of :class:`~hetersim.specs.HostSpec` for a GPU entry: its fleet's
     figures, each overridden by the entry's own field of the same name where it has one."""
-    entry = cluster_entry(gpu, clusters)
+    entry = fleet_entry(gpu, fleets)
     base = {
         "interrupts_per_Mgpuh": interrupts_per_Mgpuh(entry),
         "restart_s": float(entry["restart_s"]),

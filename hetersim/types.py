@@ -128,6 +128,15 @@ class CheckpointTier(Choice):
     GPU_PEERS = 5
 
 
+# Checkpoint writes: training waits for them (sync) or only for the copy to host DRAM (async).
+CheckpointModeName = Literal["sync", "async"]
+
+
+class CheckpointMode(Choice):
+    SYNC = 0
+    ASYNC = 1
+
+
 OffloadStateName = Literal["optimizer", "grads", "params", "activations"]
 
 

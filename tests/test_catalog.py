@@ -46,7 +46,7 @@ REQUIRED_KEYS = {
         "ddr5-4800-channel", "ddr5-5600-channel", "micron-cz120", "samsung-cmm-d-cxl2",
         "samsung-cmm-d-cxl31", "samsung-cmm-b-pool", "cxl2-switch", "cxl3-switch",
     },
-    "clusters": {"meta-llama3-h100"},
+    "fleets": {"meta-llama3-h100"},
 }  # fmt: skip
 
 # Numeric fields that may be 0: an unsupported precision, or a switch that holds no memory.
@@ -58,9 +58,9 @@ ZERO_ALLOWED = {
     ("gpus", "gemm_eff_fp8"),
     ("memory", "capacity_GiB"),
     # Interruption counts by cause: a cause may have none (their sum must be positive).
-    *(("clusters", f"interruptions_{c}") for c in ("gpu", "host", "network", "software", "maintenance", "unknown")),
-    ("clusters", "straggler_node_frac"),
-    ("clusters", "straggler_slowdown"),
+    *(("fleets", f"interruptions_{c}") for c in ("gpu", "host", "network", "software", "maintenance", "unknown")),
+    ("fleets", "straggler_node_frac"),
+    ("fleets", "straggler_slowdown"),
 }
 
 H200_KEY = "h200-sxm-141gb"

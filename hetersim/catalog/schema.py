@@ -7,21 +7,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-Section = Literal["gpus", "links", "models", "memory", "clusters"]
-SECTIONS: tuple[Section, ...] = ("gpus", "links", "models", "memory", "clusters")
+Section = Literal["gpus", "links", "models", "memory", "fleets"]
+SECTIONS: tuple[Section, ...] = ("gpus", "links", "models", "memory", "fleets")
 PACKAGED_FILES: dict[Section, str] = {
     "gpus": "accelerators.toml",
     "links": "links.toml",
     "models": "models.toml",
     "memory": "memory.toml",
-    "clusters": "clusters.toml",
+    "fleets": "fleets.toml",
 }
 _SINGULAR: dict[Section, str] = {
     "gpus": "gpu",
     "links": "link",
     "models": "model",
     "memory": "memory device",
-    "clusters": "cluster",
+    "fleets": "fleet",
 }
 
 Entry = dict[str, Any]
@@ -172,8 +172,8 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "cxl_p2p": _FLAG.optional(),  # GPUs reach CXL memory peer-to-peer (CXL 3.x what-if)
         "cxl_expander_GBps": _POSITIVE.optional(),  # what-if: bandwidth of one expander (overrides the device's)
         "cxl_pool_GBps": _POSITIVE.optional(),  # what-if: bandwidth of the pool (overrides the device's)
-        # Goodput (read by hetersim.reliability; see catalog/clusters.toml):
-        "cluster": _TEXT.optional(),  # the clusters entry whose failures, restarts and storage apply
+        # Goodput (read by hetersim.reliability; see catalog/fleets.toml):
+        "fleet": _TEXT.optional(),  # the fleets entry whose failures, restarts and storage apply
         "interrupts_per_Mgpuh": _POSITIVE.optional(),  # what-if: interruptions per 1e6 GPU-hours
         "restart_s": _POSITIVE.optional(),  # what-if: detection and rescheduling per interruption
         "pfs_GBps": _POSITIVE.optional(),  # what-if: parallel file system bandwidth (whole job)
@@ -220,7 +220,7 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
     },
     # A fleet a job runs in: its interruptions by cause over an observed window, the time to detect
     # a failure and replace the node, its storage (hetersim.reliability, hetersim.terms.goodput).
-    "clusters": {
+    "fleets": {
         "name": _TEXT,
         "window_days": _POSITIVE,  # the observation window of the interruption counts
         "job_gpus": _COUNT,  # GPUs of the job observed
@@ -247,7 +247,7 @@ _PROVENANCE: dict[Section, str] = {
     "links": "sources",
     "models": "source",
     "memory": "sources",
-    "clusters": "sources",
+    "fleets": "sources",
 }
 
 

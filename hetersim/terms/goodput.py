@@ -68,7 +68,7 @@ import jax.numpy as jnp
 
 from ..pytree import spec
 from ..specs import ModelSpec, Plan, SystemSpec
-from ..types import CheckpointTier, Infeasible, Precision, Tier
+from ..types import CheckpointMode, CheckpointTier, Infeasible, Precision, Tier
 from ..units import GB, HOUR, KWH, GiB
 from . import memory, offload
 from ._safe import pos, safe_div
@@ -179,7 +179,7 @@ def goodput(
     host = system.host
     per_gpu, total = checkpoint_bytes(model, plan, states)
     write, load, stage = write_times(system, plan, per_gpu, total)
-    sync = plan.checkpoint_async <= 0
+    sync = plan.checkpoint_mode_code != CheckpointMode.ASYNC
     delta = jnp.where(sync, write, jnp.minimum(stage, write))
     behind = jnp.where(sync, 0.0, write)  # seconds a new checkpoint takes to become durable
 
