@@ -375,3 +375,39 @@ def test_evaluate_reports_goodput():
     g = json.loads(result.stdout)["goodput"]
     assert 0 < g["goodput"] <= 1
     assert g["effective_time_s"] >= json.loads(result.stdout)["time_to_train_s"]
+
+
+# --------------------------------------------------------------------------------------------
+# The study and its report
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_goodput_study_gives_the_figures_of_the_readme(tmp_path):
+    """studies/goodput_llama3_405b.toml, swept and read by the report's goodput section, gives
+    the table of README.md (Goodput) and results/README.md."""
+    from pathlib import Path
+
+    from dse import sweep
+    from dse.report.goodput import goodput_rows
+    from dse.report.results import load
+
+    study = Path(__file__).resolve().parents[1] / "studies" / "goodput_llama3_405b.toml"
+    path = sweep.run_sweep(study, tmp_path / "out", chunk=256, progress=False)
+    r = load(path)
+    try:
+        rows = {(x["gpu"], x["checkpoint_tier"], x["checkpoint_mode"]): x for x in goodput_rows(r)}
+    finally:
+        r.ds.close()
+    h100 = "h100-sxm-80gb"
+    assert rows[h100, "pfs", "sync"]["goodput"] == pytest.approx(0.9497, abs=5e-4)
+    assert rows[h100, "cxl-pool", "sync"]["goodput"] == pytest.approx(0.9660, abs=5e-4)
+    assert rows[h100, "host-dram", "sync"]["goodput"] == pytest.approx(0.9717, abs=5e-4)
+    assert rows[h100, "pfs", "sync"]["effective_days"] == pytest.approx(101.3, abs=0.1)
+    assert rows[h100, "cxl-pool", "sync"]["saving_usd"] == pytest.approx(4.13e6, rel=0.01)
+    assert rows[h100, "cxl-pool", "sync"]["breakeven_usd_per_node"] == pytest.approx(2019, rel=0.01)
+    assert rows[h100, "cxl-pool", "sync"]["breakeven_usd_per_node_hour"] == pytest.approx(0.84, abs=0.01)
+    assert rows["h200-sxm-141gb", "cxl-pool", "sync"]["saving_usd"] == pytest.approx(3.26e6, rel=0.01)
+    for gpu in (h100, "h200-sxm-141gb"):
+        for mode in ("sync", "async"):
+            assert rows[gpu, "pfs", mode]["goodput"] <= rows[gpu, "cxl-pool", mode]["goodput"] + 1e-6
