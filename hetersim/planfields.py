@@ -22,7 +22,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, CheckpointMode, CheckpointTier, Choice, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
+from .types import (
+    Attention,
+    CheckpointMode,
+    CheckpointTier,
+    Choice,
+    Loss,
+    OffloadState,
+    Order,
+    Precision,
+    Recompute,
+    Stack,
+    Tier,
+)
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"

@@ -436,13 +436,24 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
     oc = optimizer_offload(model, system, plan, cal, pipe, states)
     mem = placement(model, system, plan, pipe.n_micro, states)
     terms = step_terms(pipe, dp, oc)
-    step = sum(terms.values())
-    job = dict(usd_per_hour=plan.n_gpus * dev.price_usd_per_hour, power_W=plan.n_gpus * dev.tdp_W)
     rates = throughput(
-        model, plan, step, n_gpus=plan.n_gpus, peak_tflops=plan.n_gpus * dev.peak_tflops[plan.precision_code], **job
+        model,
+        plan,
+        sum(terms.values()),
+        n_gpus=plan.n_gpus,
+        peak_tflops=plan.n_gpus * dev.peak_tflops[plan.precision_code],
+        usd_per_hour=plan.n_gpus * dev.price_usd_per_hour,
+        power_W=plan.n_gpus * dev.tdp_W,
     )
     gp, gp_flags = goodput_terms.goodput(
-        model, system, plan, states, step_s=step, time_to_train_s=rates.time_to_train_s, **job
+        model,
+        system,
+        plan,
+        states,
+        step_s=sum(terms.values()),
+        time_to_train_s=rates.time_to_train_s,
+        usd_per_hour=plan.n_gpus * dev.price_usd_per_hour,
+        power_W=plan.n_gpus * dev.tdp_W,
     )
     return breakdown(
         terms,

@@ -151,7 +151,9 @@ def test_goodput_at_most_one_and_falls_with_failures(llama3, tier, mode):
     last = 1.0
     for rate in (0.0, 1.0, 5.0, 19.7, 50.0, 200.0, 1000.0, 5000.0):
         for every in (0.0, 50.0):
-            out = sim(m, _host(s, interrupts_per_Mgpuh=np.float32(rate)), _plan(p, checkpoint_every=np.float32(every)), cal)
+            out = sim(
+                m, _host(s, interrupts_per_Mgpuh=np.float32(rate)), _plan(p, checkpoint_every=np.float32(every)), cal
+            )
             g = float(out.goodput)
             assert 0.0 <= g <= 1.0
             if every == 0.0:
@@ -317,6 +319,20 @@ def test_gradients_are_finite_for_every_tier(llama3):
         grads = jax.grad(f)(jax.tree.map(np.asarray, s.host))
         for leaf in jax.tree.leaves(grads):
             assert np.all(np.isfinite(np.asarray(leaf))), tier
+
+
+def test_the_interval_is_differentiable(llama3):
+    """Below Young's optimum a longer interval raises goodput, above it lowers it."""
+    m, s, p, cal = llama3
+    tau = float(sim(m, s, p, cal).checkpoint_interval_s)
+    step = float(sim(m, s, p, cal).step_time_s)
+
+    def f(every):
+        return simulate(m, s, dataclasses.replace(p, checkpoint_every=every), cal).goodput
+
+    short, long = 0.3 * tau / step, 3.0 * tau / step
+    assert float(jax.grad(f)(np.float32(short))) > 0
+    assert float(jax.grad(f)(np.float32(long))) < 0
 
 
 # --------------------------------------------------------------------------------------------

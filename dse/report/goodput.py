@@ -44,7 +44,9 @@ def goodput_rows(r: Results) -> list[dict[str, Any]]:
     cost = np.asarray(ds["effective_cost_usd"].values, float)
     best: dict[tuple, int] = {}
     for i in np.flatnonzero(feasible):
-        key = tuple(decode(ds, k, cols[k][i]) if k in cols else None for k in (*KEYS, "checkpoint_tier", "checkpoint_mode"))
+        key = tuple(
+            decode(ds, k, cols[k][i]) if k in cols else None for k in (*KEYS, "checkpoint_tier", "checkpoint_mode")
+        )
         if key not in best or cost[i] < cost[best[key]]:
             best[key] = i
     rows = []
@@ -63,7 +65,11 @@ def goodput_rows(r: Results) -> list[dict[str, Any]]:
         )
         rows.append(row)
     for row in rows:
-        base = [b for b in rows if b["checkpoint_tier"] == BASELINE and all(b[k] == row[k] for k in (*KEYS, "checkpoint_mode"))]
+        base = [
+            b
+            for b in rows
+            if b["checkpoint_tier"] == BASELINE and all(b[k] == row[k] for k in (*KEYS, "checkpoint_mode"))
+        ]
         if not base or row["checkpoint_tier"] == BASELINE:
             row["saving_usd"] = row["breakeven_usd_per_node"] = row["breakeven_usd_per_node_hour"] = float("nan")
             continue
