@@ -90,6 +90,7 @@ CF_UNITS: dict[str, tuple[str, str, dict[str, str]]] = {
     "USD/h": ("h-1", "", {"currency": "USD"}),
     "sequences": ("1", "sequences", {}),
     "tokens": ("1", "tokens", {}),
+    "steps": ("1", "training steps", {}),
 }
 
 

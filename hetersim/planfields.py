@@ -311,6 +311,9 @@ FIELDS: tuple[PlanField, ...] = (
         hi=1e9,
         zero_means="the Young/Daly optimum",
         help="Checkpoint every N training steps, a whole number (0: the Young/Daly optimum).",
+        # Megatron-LM's name: "Number of iterations between persistent checkpoint saves"
+        # (megatron/training/arguments.py, --save-interval).
+        aliases=("--save-interval",),
     ),
     PlanField(
         "checkpoint_mode",
@@ -322,6 +325,8 @@ FIELDS: tuple[PlanField, ...] = (
         options=CheckpointMode,
         help="Checkpoint writes: sync, training waits for the write; async, training waits only for "
         "the copy to host DRAM and the write overlaps training (torch DCP async_save, Megatron async save).",
+        # Megatron-LM's switch: --async-save, "Apply async checkpointing save" (arguments.py).
+        switches=(("--async-save", "async"),),
     ),
     PlanField(
         "offload",
