@@ -68,7 +68,7 @@ import jax.numpy as jnp
 
 from ..pytree import spec
 from ..specs import ModelSpec, Plan, SystemSpec
-from ..types import CheckpointMode, CheckpointTier, Infeasible, Precision, Tier
+from ..types import N_TIERS, CheckpointMode, CheckpointTier, Infeasible, Precision, Tier
 from ..units import GB, HOUR, KWH, GiB
 from . import memory, offload
 from ._safe import pos, safe_div
@@ -117,8 +117,16 @@ def checkpoint_bytes(model: ModelSpec, plan: Plan, states):
     return weights / w_rep + opt / o_rep, total
 
 
+def _select(code, values):
+    """``values[code]`` for a traced integer ``code`` by compare-and-select (fuses; no gather)."""
+    out = values[0]
+    for i, v in enumerate(values[1:], start=1):
+        out = jnp.where(code == i, v, out)
+    return out
+
+
 def tier_bandwidths(system: SystemSpec, plan: Plan):
-    """([6] write, [6] read) bytes/s per GPU to each checkpoint tier (CheckpointTier order), every
+    """(write, read) bytes/s per GPU to the plan's checkpoint tier (CheckpointTier order), every
     GPU of the job at once; a replicated tier is paced by the slower of the local copy and the
     network copy to the peer. The file system's own cap is in :func:`write_times`."""
     host, net = system.host, system.network
@@ -127,17 +135,19 @@ def tier_bandwidths(system: SystemSpec, plan: Plan):
     g = offload.gpus_sharing(host, plan)
     nvme = jnp.minimum(safe_div(host.nvme_GBps * GB, g, _BIG), host.tier_path_GBps[Tier.HOST_DRAM] * GB)
     pfs = jnp.minimum(safe_div(host.pfs_GBps * GB, plan.n_gpus, _BIG), nic)
+    k = plan.checkpoint_tier_code
 
     def table(mem):
-        return jnp.stack(
-            [
+        return _select(
+            k,
+            (
                 pfs,
                 jnp.minimum(nvme, nic),
                 jnp.minimum(mem[Tier.HOST_DRAM], nic),
                 jnp.minimum(mem[Tier.CXL_EXPANDER], nic),
                 mem[Tier.CXL_POOL],
                 nic,
-            ]
+            ),
         )
 
     return table(wr), table(rd)
@@ -147,11 +157,10 @@ def write_times(system: SystemSpec, plan: Plan, per_gpu, total):
     """(write, load, copy into host DRAM) seconds of one checkpoint on the plan's tier."""
     host = system.host
     wr, rd = tier_bandwidths(system, plan)
-    k = plan.checkpoint_tier_code
     pfs_total = safe_div(total, host.pfs_GBps * GB)  # the file system's aggregate, whatever the ranks
-    is_pfs = k == CheckpointTier.PFS
-    write = jnp.where(is_pfs, jnp.maximum(safe_div(per_gpu, wr[k]), pfs_total), safe_div(per_gpu, wr[k]))
-    load = jnp.where(is_pfs, jnp.maximum(safe_div(per_gpu, rd[k]), pfs_total), safe_div(per_gpu, rd[k]))
+    is_pfs = plan.checkpoint_tier_code == CheckpointTier.PFS
+    write = jnp.where(is_pfs, jnp.maximum(safe_div(per_gpu, wr), pfs_total), safe_div(per_gpu, wr))
+    load = jnp.where(is_pfs, jnp.maximum(safe_div(per_gpu, rd), pfs_total), safe_div(per_gpu, rd))
     _, host_wr = offload.tier_bandwidth(host, plan)
     stage = safe_div(per_gpu, host_wr[Tier.HOST_DRAM])
     return write, load, stage
@@ -196,8 +205,7 @@ def goodput(
     eff = jnp.where(useful > 0, safe_div(time_to_train_s, g), NO_PROGRESS_FACTOR * time_to_train_s)
 
     k = plan.checkpoint_tier_code
-    tiers = jnp.arange(len(CheckpointTier))
-    replicas = 1.0 + jnp.sum(jnp.where(tiers == k, jnp.asarray(_REPLICATED), 0.0))
+    replicas = 1.0 + _select(k, _REPLICATED)
     node_gpus = offload.gpus_sharing(host, plan)
     # Per node: its GPUs' checkpoints (a file system's share: the whole over the job's nodes).
     nodes = jnp.maximum(safe_div(plan.n_gpus, node_gpus, 1.0), 1.0)
@@ -224,8 +232,8 @@ def _flags(host, plan: Plan, out: Goodput, useful):
     """A checkpoint tier the node lacks, one too small for the checkpoints (beside what the plan
     offloads there: ``tier_used`` is added by the caller), and no progress."""
     k = plan.checkpoint_tier_code
-    mem_tier = jnp.asarray(_MEMORY_TIER)[k]
-    missing = (mem_tier > 0) & (host.tier_present[mem_tier] <= 0)
+    mem_tier = _select(k, _MEMORY_TIER)
+    missing = (mem_tier > 0) & (_select(mem_tier, tuple(host.tier_present[i] for i in range(N_TIERS))) <= 0)
     nvme_full = (k == CheckpointTier.NVME) & (out.checkpoint_tier_GiB > host.nvme_capacity_GiB)
     f = jnp.where(missing, jnp.int32(int(Infeasible.TIER_MISSING)), jnp.int32(0))
     f |= jnp.where(nvme_full, jnp.int32(int(Infeasible.TIER_CAPACITY)), jnp.int32(0))
@@ -235,8 +243,6 @@ def _flags(host, plan: Plan, out: Goodput, useful):
 
 def memory_tier_need_GiB(plan: Plan, out: Goodput):
     """[N_TIERS] GiB per node the checkpoints take on the node's memory tiers (index 0 unused)."""
-    from ..types import N_TIERS
-
-    mem_tier = jnp.asarray(_MEMORY_TIER)[plan.checkpoint_tier_code]
+    mem_tier = _select(plan.checkpoint_tier_code, _MEMORY_TIER)
     tiers = jnp.arange(N_TIERS)
     return jnp.where((tiers == mem_tier) & (mem_tier > 0), out.checkpoint_tier_GiB, 0.0)
