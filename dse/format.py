@@ -72,6 +72,14 @@ CATALOG_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("latency_ns", "latency ns"),
         ("link", "link"),
     ),
+    "fleets": (
+        ("name", "name"),
+        ("job_gpus", "GPUs"),
+        ("window_days", "days"),
+        ("restart_s", "restart s"),
+        ("pfs_GBps", "PFS GB/s"),
+        ("nvme_GBps", "NVMe GB/s"),
+    ),
 }
 
 
@@ -168,7 +176,26 @@ def evaluation(
         "time_to_train_days": f("time_to_train_s") / DAY,
         "cost_usd": f("cost_usd"),
         "energy_kWh": f("energy_kWh"),
+        "goodput": {name: f(name) for name in GOODPUT_FIELDS if hasattr(out, name)},
     }
+
+
+# Goodput fields of a breakdown (hetersim.terms.goodput) shown by ``evaluate``.
+GOODPUT_FIELDS = (
+    "goodput",
+    "effective_time_s",
+    "effective_cost_usd",
+    "effective_energy_kWh",
+    "mtbi_h",
+    "interruptions",
+    "restart_s",
+    "checkpoint_GiB",
+    "checkpoint_tier_GiB",
+    "checkpoint_s",
+    "checkpoint_write_s",
+    "checkpoint_interval_s",
+    "checkpoint_overhead_s",
+)
 
 
 def _term_label(name: str) -> str:
@@ -275,6 +302,15 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
         f"to train {plan['train_tokens'] / 1e12:.4g}T tokens: {r['time_to_train_days']:,.1f} days, "
         f"${r['cost_usd']:,.0f}, {r['energy_kWh'] / 1000.0:,.1f} MWh (GPU TDP)"
     )
+    g = r.get("goodput") or {}
+    if g:
+        con.print(
+            f"with failures (every {g['mtbi_h']:.3g} h, {g['interruptions']:,.0f} in all; restart "
+            f"{g['restart_s']:.0f} s) and checkpoints to {plan.get('checkpoint_tier', '?')} "
+            f"({g['checkpoint_GiB']:.3g} GiB/GPU, {g['checkpoint_s']:.3g} s each every "
+            f"{g['checkpoint_interval_s']:.3g} s): goodput {100.0 * g['goodput']:.1f} %, "
+            f"{g['effective_time_s'] / DAY:,.1f} days, ${g['effective_cost_usd']:,.0f}"
+        )
     if r["feasible"]:
         con.print("verdict: [bold green]FEASIBLE[/]")
     else:

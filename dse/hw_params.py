@@ -39,9 +39,9 @@ def _units(field: str) -> str:
     for suffix, units in (("_GBps", "GB/s"), ("_GiB", "GiB"), ("_us", "us"), ("_ns", "ns"), ("_W", "W")):
         if field.endswith(suffix):
             return units
-    return {"peak_tflops": "TFLOP/s", "price_usd_per_hour": "USD/h", "cpu_adam_Gparams_per_s": "Gparams/s"}.get(
-        field, "1"
-    )
+    units = {"peak_tflops": "TFLOP/s", "price_usd_per_hour": "USD/h", "cpu_adam_Gparams_per_s": "Gparams/s"}
+    units |= {"restart_s": "s", "interrupts_per_Mgpuh": "1/(1e6 GPU h)"}
+    return units.get(field, "1")
 
 
 # Leaves that describe the structure of the system, not a rate or a size: never parameters.
@@ -95,6 +95,10 @@ ALIASES: dict[str, str] = {
     "host_dram_GiB": "host.tier_capacity_GiB[host-dram]",
     "host_bw_GBps": "host.tier_path_GBps[host-dram]",
     "cpu_adam_Gparams_per_s": "host.cpu_adam_Gparams_per_s",
+    "cxl_pool_GBps": "host.tier_shared_GBps[cxl-pool]",
+    "pfs_GBps": "host.pfs_GBps",
+    "interrupts_per_Mgpuh": "host.interrupts_per_Mgpuh",
+    "restart_s": "host.restart_s",
 }
 
 

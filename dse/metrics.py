@@ -56,6 +56,14 @@ METRICS: dict[str, Metric] = {
     "time_to_train_s": Metric("s", "time to train the token budget"),
     "cost_usd": Metric("USD", "cost to train the token budget (on-demand GPU-hours)"),
     "energy_kWh": Metric("kWh", "GPU energy to train the token budget (at TDP)"),
+    # Goodput (hetersim.terms.goodput): failures, restarts, checkpoints on a tier, stragglers.
+    "goodput": Metric("1", "share of wall time spent on useful training", "max"),
+    "effective_time_s": Metric("s", "wall time to train with failures, restarts, checkpoints and stragglers"),
+    "effective_cost_usd": Metric("USD", "cost of the effective time to train (on-demand GPU-hours)"),
+    "effective_energy_kWh": Metric("kWh", "GPU energy of the effective time to train (at TDP)"),
+    "checkpoint_overhead_s": Metric("s", "checkpoint time training waits for, per step"),
+    "checkpoint_interval_s": Metric("s", "training time between checkpoints"),
+    "checkpoint_tier_GiB": Metric("GiB", "room per node the checkpoints need on their tier"),
     "infeasible": Metric("1", "why the configuration cannot run (hetersim.types.Infeasible bit flags)", "min", "i4"),
 }
 
@@ -82,6 +90,7 @@ CF_UNITS: dict[str, tuple[str, str, dict[str, str]]] = {
     "USD/h": ("h-1", "", {"currency": "USD"}),
     "sequences": ("1", "sequences", {}),
     "tokens": ("1", "tokens", {}),
+    "steps": ("1", "training steps", {}),
 }
 
 

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .planfields import AUTO, resolve_sp
+from .planfields import AUTO, DEFAULTS, resolve_sp
 from .types import Attention, FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -166,10 +166,12 @@ def configure(
         itv = step_time_interval(cat, [e for e, _ in groups], resolved, mixed.total.step_time_s)
         return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), mixed.total, rows, mixed, itv)
     from . import tiers
+    from .reliability import check_checkpoint_tier
 
     cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
     system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, **cxl)
     tiers.check_offload(system.host, resolved["offload"])
+    check_checkpoint_tier(system.host, resolved.get("checkpoint_tier") or DEFAULTS["checkpoint_tier"])
     check_layout(model_entry, plan, resolved)
     out = _compiled("simulate")(m, system, plan_s, cal)
     itv = step_time_interval(cat, [gpu_entry], resolved, out.step_time_s)

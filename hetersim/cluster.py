@@ -33,6 +33,7 @@ from .terms import memory
 from .terms._safe import safe_div
 from .types import HETERO_MODES as MODES
 from .types import MAX_GROUPS, FieldError, Infeasible
+from .units import HOUR, KWH
 
 BIG = 1.0e30
 PIPELINE = MODES.index("pipeline")  # mode_code of stages on kinds; the other is data-parallel replicas
@@ -230,6 +231,9 @@ def _totals(model, cluster, plan, sims, g_mem, terms, flags) -> Breakdown:
         power_W=jnp.sum(gpus * dev.tdp_W),
     )
     mem = _take(sims, g_mem)
+    # Goodput terms are those of the group nearest its capacity; the effective time, cost and
+    # energy are the job's time to train over that goodput.
+    eff = jnp.where(mem.goodput > 0, rates.time_to_train_s / jnp.where(mem.goodput > 0, mem.goodput, 1.0), 0.0)
     return dataclasses.replace(
         mem,
         step_time_s=step,
@@ -237,6 +241,9 @@ def _totals(model, cluster, plan, sims, g_mem, terms, flags) -> Breakdown:
         **{k: getattr(rates, k) for k in rates.__dataclass_fields__},
         n_microbatches=micro_batches(plan),
         infeasible=flags.astype(jnp.int32),
+        effective_time_s=eff,
+        effective_cost_usd=eff / HOUR * jnp.sum(gpus * dev.price_usd_per_hour),
+        effective_energy_kWh=eff * jnp.sum(gpus * dev.tdp_W) / KWH,
     )
 
 

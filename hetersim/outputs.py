@@ -48,6 +48,20 @@ OUTPUTS: dict[str, str] = {
     "tier_bw_GBps": "[N_TIERS] read bandwidth one GPU gets to each tier (index 0 unused)",
     "tier_bw_needed_GBps": "[N_TIERS] per-GPU bandwidth that would hide each tier's traffic",
     "offload_bw_needed_GBps": "the largest of tier_bw_needed_GBps",
+    # Goodput (hetersim.terms.goodput): failures, restarts, checkpoints on a tier, stragglers.
+    "goodput": "share of wall time spent on useful training (failures, restarts, checkpoints, stragglers)",
+    "effective_time_s": "wall time to train the token budget with failures, restarts, checkpoints and stragglers",
+    "effective_cost_usd": "cost of the effective time (GPU-hours at the catalog price)",
+    "effective_energy_kWh": "GPU energy of the effective time (at TDP)",
+    "checkpoint_GiB": "checkpoint bytes one GPU of the busiest stage writes (its unique model states)",
+    "checkpoint_tier_GiB": "room per node the checkpoints need on their tier (two kept, with any peer replica)",
+    "checkpoint_s": "time training waits per checkpoint (the write, or the copy to host DRAM when async)",
+    "checkpoint_write_s": "time to write one checkpoint to its tier",
+    "checkpoint_interval_s": "training time between checkpoints (Young's optimum or the plan's)",
+    "checkpoint_overhead_s": "checkpoint time training waits for, per step",
+    "restart_s": "time per interruption: detect, replace, relaunch and load the checkpoint",
+    "mtbi_h": "the job's mean time between interruptions",
+    "interruptions": "interruptions expected over the effective time",
 }
 
 # The 80% prediction interval of step_time_s (hetersim.fit.intervals), from the leave-one-source-out

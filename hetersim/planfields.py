@@ -22,7 +22,20 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .types import Attention, Choice, Dispatcher, Loss, OffloadState, Order, Precision, Recompute, Stack, Tier
+from .types import (
+    Attention,
+    CheckpointMode,
+    CheckpointTier,
+    Choice,
+    Dispatcher,
+    Loss,
+    OffloadState,
+    Order,
+    Precision,
+    Recompute,
+    Stack,
+    Tier,
+)
 
 Kind = Literal["int", "float", "bool", "choice", "offload"]
 AUTO = "auto"
@@ -95,6 +108,16 @@ class PlanField:
     def coded(self) -> bool:
         """Stored as small integer codes in sweep tables (choices, and ``sp`` with -1 = auto)."""
         return self.kind in ("choice", "bool") and self.axis
+
+
+# The MoE fields' names and help (kept here so that each field is one line of FIELDS).
+_EP_ALIAS = ("--expert-model-parallel-size",)
+_ETP_ALIAS = ("--expert-tensor-parallel-size",)
+_EPO_NAME = "expert-parallel all-to-all overlapped with another micro-batch's compute"
+_EPO_HELP = "Megatron-Core's overlap_moe_expert_parallel_comm (1F1B all-to-all overlap); off by default as there."
+_DISP_NAME = "MoE token dispatcher (alltoall: every copy over NCCL; deepep: once per node, then NVLink)"
+_IMB_NAME = "routed tokens of the busiest expert-parallel rank / the mean"
+_IMB_HELP = "MoE load imbalance: the busiest rank's routed tokens over the mean (1: balanced routing)."
 
 
 FIELDS: tuple[PlanField, ...] = (
@@ -179,58 +202,13 @@ FIELDS: tuple[PlanField, ...] = (
         help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1).",
         aliases=("--virtual-pipeline-model-parallel-size",),
     ),
-    # Expert parallelism (Megatron-Core "MoE parallel folding", arXiv 2504.14960): the ranks of a
-    # pipeline stage (tp*cp*dp of them) are regrouped for the MoE layers as etp*ep*edp, so ep and
-    # etp need not divide dp; the expert-data-parallel size is tp*cp*dp / (ep*etp).
-    PlanField(
-        "ep",
-        "int",
-        1,
-        "expert-parallel size",
-        label="ep",
-        axis=True,
-        hi=MAX_GPUS,
-        help="Expert-parallel size: routed experts sharded over this many ranks (MoE models).",
-        aliases=("--expert-model-parallel-size",),
-    ),
-    PlanField(
-        "etp",
-        "int",
-        1,
-        "expert tensor-parallel size",
-        label="etp",
-        axis=True,
-        hi=MAX_GPUS,
-        help="Tensor-parallel size of each expert (Megatron's expert_tensor_parallel_size).",
-        aliases=("--expert-tensor-parallel-size",),
-    ),
-    PlanField(
-        "ep_overlap",
-        "bool",
-        False,
-        "expert-parallel all-to-all overlapped with another micro-batch's compute",
-        label="epo",
-        axis=True,
-        help="Overlap the MoE dispatch/combine with another micro-batch's compute (Megatron-Core's "
-        "overlap_moe_expert_parallel_comm, 1F1B A2A overlap; default off as there).",
-    ),
-    PlanField(
-        "dispatcher",
-        "choice",
-        Dispatcher.ALLTOALL.label,
-        "MoE token dispatcher (alltoall: every copy over NCCL; deepep: once per node, then NVLink)",
-        label="disp",
-        axis=True,
-        options=Dispatcher,
-    ),
-    PlanField(
-        "moe_imbalance",
-        "float",
-        1.0,
-        "routed tokens of the busiest expert-parallel rank / the mean",
-        hi=1.0e3,
-        help="MoE load imbalance: busiest rank's routed tokens over the mean (1: balanced routing).",
-    ),
+    # Expert parallelism (Megatron-Core "MoE parallel folding", arXiv 2504.14960): a stage's tp*cp*dp
+    # ranks regrouped for the MoE layers as etp*ep*edp (edp = tp*cp*dp / (ep*etp)).
+    PlanField("ep", "int", 1, "expert-parallel size", label="ep", axis=True, hi=MAX_GPUS, aliases=_EP_ALIAS),
+    PlanField("etp", "int", 1, "expert tensor-parallel size", label="etp", axis=True, hi=MAX_GPUS, aliases=_ETP_ALIAS),
+    PlanField("ep_overlap", "bool", False, _EPO_NAME, label="epo", axis=True, help=_EPO_HELP),
+    PlanField("dispatcher", "choice", "alltoall", _DISP_NAME, label="disp", axis=True, options=Dispatcher),
+    PlanField("moe_imbalance", "float", 1.0, _IMB_NAME, hi=1.0e3, help=_IMB_HELP),
     PlanField(
         "zero",
         "int",
@@ -326,6 +304,47 @@ FIELDS: tuple[PlanField, ...] = (
         "tokens",
         hi=MAX_TRAIN_TOKENS,
         help="Token budget for time/cost/energy.",
+    ),
+    # Goodput (hetersim.terms.goodput): where checkpoints go, how often, and whether training waits.
+    PlanField(
+        "checkpoint_tier",
+        "choice",
+        CheckpointTier.PFS.label,
+        "where checkpoints are written",
+        label="ckpt",
+        axis=True,
+        options=CheckpointTier,
+        help="Checkpoint target: pfs, nvme, host-dram, cxl-expander, cxl-pool (the node's tiers keep a "
+        "replica on a peer node), gpu-peers (a peer node's host DRAM).",
+    ),
+    PlanField(
+        "checkpoint_every",
+        "int",
+        0,
+        "checkpoint interval",
+        "steps",
+        label="every",
+        axis=True,
+        lo=0,
+        hi=1e9,
+        zero_means="the Young/Daly optimum",
+        help="Checkpoint every N training steps, a whole number (0: the Young/Daly optimum).",
+        # Megatron-LM's name: "Number of iterations between persistent checkpoint saves"
+        # (megatron/training/arguments.py, --save-interval).
+        aliases=("--save-interval",),
+    ),
+    PlanField(
+        "checkpoint_mode",
+        "choice",
+        CheckpointMode.SYNC.label,
+        "checkpoint writes: sync (training waits) or async (training waits for the copy to host DRAM)",
+        label="ckpt-mode",
+        axis=True,
+        options=CheckpointMode,
+        help="Checkpoint writes: sync, training waits for the write; async, training waits only for "
+        "the copy to host DRAM and the write overlaps training (torch DCP async_save, Megatron async save).",
+        # Megatron-LM's switch: --async-save, "Apply async checkpointing save" (arguments.py).
+        switches=(("--async-save", "async"),),
     ),
     PlanField(
         "offload",

@@ -30,6 +30,7 @@ from .outputs import OUTPUTS, STEP_TERMS
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
+from .terms import goodput as goodput_terms
 from .terms._safe import pos, safe_div
 from .terms.flops import layer_params, model_flops_per_token, total_params
 from .types import Infeasible, Recompute
@@ -448,12 +449,14 @@ def step_terms(pipe: PipelineStep, dp, oc) -> dict[str, Any]:
     return terms
 
 
-def breakdown(terms, rates: Throughput, mem: Placement, oc, *, hbm_capacity_GiB, n_micro, params, infeasible):
-    """Assemble a :class:`Breakdown` (the step time is the sum of ``terms``)."""
+def breakdown(terms, rates: Throughput, mem: Placement, oc, gp, *, hbm_capacity_GiB, n_micro, params, infeasible):
+    """Assemble a :class:`Breakdown` (the step time is the sum of ``terms``; ``gp`` the
+    :class:`hetersim.terms.goodput.Goodput` terms)."""
     return Breakdown(
         step_time_s=sum(terms.values()),
         **terms,
         **{k: getattr(rates, k) for k in Throughput.__dataclass_fields__},
+        **{k: getattr(gp, k) for k in goodput_terms.FIELDS},
         weights_GiB=mem.weights / GiB,
         grads_GiB=mem.grads / GiB,
         optimizer_GiB=mem.opt / GiB,
@@ -491,13 +494,31 @@ def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration)
         usd_per_hour=plan.n_gpus * dev.price_usd_per_hour,
         power_W=plan.n_gpus * dev.tdp_W,
     )
+    gp, gp_flags = goodput_terms.goodput(
+        model,
+        system,
+        plan,
+        states,
+        step_s=sum(terms.values()),
+        time_to_train_s=rates.time_to_train_s,
+        usd_per_hour=plan.n_gpus * dev.price_usd_per_hour,
+        power_W=plan.n_gpus * dev.tdp_W,
+    )
     return breakdown(
         terms,
         rates,
         mem,
         oc,
+        gp,
         hbm_capacity_GiB=dev.hbm_capacity_GiB,
         n_micro=pipe.n_micro,
         params=total_params(model),
-        infeasible=flags(model, system, plan, pipe.n_micro, mem),
+        infeasible=flags(model, system, plan, pipe.n_micro, mem) | gp_flags | checkpoint_room(system, plan, mem, gp),
     )
+
+
+def checkpoint_room(system: SystemSpec, plan: Plan, mem: Placement, gp) -> Any:
+    """``TIER_CAPACITY`` where a memory tier cannot hold its offloaded state and the checkpoints."""
+    need = goodput_terms.memory_tier_need_GiB(plan, gp)
+    over = (mem.tier_used_GiB + need > mem.tier_capacity_GiB) & (need > 0) & (system.host.tier_present > 0)
+    return _flag(jnp.any(over), Infeasible.TIER_CAPACITY)

@@ -181,13 +181,17 @@ def host_spec(
     cxl_expander: str | None = None,
     cxl_pool: str | None = None,
     cxl_p2p: bool | None = None,
+    fleets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> HostSpec:
     """The node's host side and memory tiers from a GPU catalog entry and CXL options.
 
     ``cxl_expander``/``cxl_pool``/``cxl_p2p`` default to the entry's optional fields of the same
     names (so a study can set them with ``[hardware.set]``); ``memory`` defaults to the packaged
-    catalog's memory devices.
+    catalog's memory devices, ``fleets`` (failures, restarts, storage: :mod:`hetersim.reliability`)
+    to its fleets.
     """
+    from .reliability import host_fields
+
     memory = _packaged_memory() if memory is None else memory
     cxl_expander = cxl_expander if cxl_expander is not None else gpu.get("cxl_expander")
     cxl_pool = cxl_pool if cxl_pool is not None else gpu.get("cxl_pool")
@@ -215,6 +219,7 @@ def host_spec(
             tier_hosts=t.hosts,
             tier_write_eff=t.write,
             tier_cpu_GBps=t.cpu,
+            **host_fields(gpu, fleets),
         )
     )
 

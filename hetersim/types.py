@@ -134,6 +134,31 @@ class Tier(Choice):
     CXL_POOL = 3
 
 
+# Where checkpoints are written (hetersim.terms.goodput): a peer node's host DRAM over the
+# scale-out network (Gemini, Wang et al. SOSP'23), the node's own memory tiers (each with a replica
+# on a peer node, so a checkpoint survives the loss of its node), a CXL pool outside the host, the
+# node's local NVMe drives, or the cluster's parallel file system.
+CheckpointTierName = Literal["pfs", "nvme", "host-dram", "cxl-expander", "cxl-pool", "gpu-peers"]
+
+
+class CheckpointTier(Choice):
+    PFS = 0
+    NVME = 1
+    HOST_DRAM = 2
+    CXL_EXPANDER = 3
+    CXL_POOL = 4
+    GPU_PEERS = 5
+
+
+# Checkpoint writes: training waits for them (sync) or only for the copy to host DRAM (async).
+CheckpointModeName = Literal["sync", "async"]
+
+
+class CheckpointMode(Choice):
+    SYNC = 0
+    ASYNC = 1
+
+
 OffloadStateName = Literal["optimizer", "grads", "params", "activations"]
 
 
@@ -164,6 +189,7 @@ TIER: tuple[TierName, ...] = Tier.names()  # type: ignore[assignment]
 N_TIERS = len(TIER)
 OFFLOAD_STATE: tuple[OffloadStateName, ...] = OffloadState.names()  # type: ignore[assignment]
 ORDER: tuple[OrderName, ...] = Order.names()  # type: ignore[assignment]
+CHECKPOINT_TIER: tuple[CheckpointTierName, ...] = CheckpointTier.names()  # type: ignore[assignment]
 
 # Mixed clusters (hetersim.cluster): at most this many device groups, split across kinds by
 # pipeline stages or by data-parallel replicas.
@@ -218,6 +244,7 @@ class Infeasible(enum.IntFlag):
     HIDDEN_DIVIDE = 1024  # hidden / ffn / vocab not divisible by tp
     KERNEL = 2048  # the device cannot run the plan's attention kernel
     EXPERTS = 4096  # an expert-parallel layout that cannot be placed (see REASONS)
+    NO_PROGRESS = 8192  # failures, restarts and checkpoints take all the wall time (goodput 0)
 
     @classmethod
     def describe(cls, value: int) -> list[str]:
@@ -240,4 +267,5 @@ REASONS = {
     Infeasible.KERNEL: "the device cannot run this attention kernel (use attention = materialized)",
     Infeasible.EXPERTS: "expert layout: ep must divide n_experts, ep*etp must divide tp*cp*dp, etp the expert "
     "width, ep = etp = 1 for a dense model, and an MoE model with tp > 1 needs sequence parallelism",
+    Infeasible.NO_PROGRESS: "failures, restarts and checkpoints leave no time for training (goodput 0)",
 }

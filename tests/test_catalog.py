@@ -46,6 +46,7 @@ REQUIRED_KEYS = {
         "ddr5-4800-channel", "ddr5-5600-channel", "micron-cz120", "samsung-cmm-d-cxl2",
         "samsung-cmm-d-cxl31", "samsung-cmm-b-pool", "cxl2-switch", "cxl3-switch",
     },
+    "fleets": {"meta-llama3-h100"},
 }  # fmt: skip
 
 # Numeric fields that may be 0: an unsupported precision, or a switch that holds no memory.
@@ -56,6 +57,10 @@ ZERO_ALLOWED = {
     ("gpus", "peak_tflops_fp32"),
     ("gpus", "gemm_eff_fp8"),
     ("memory", "capacity_GiB"),
+    # Interruption counts by cause: a cause may have none (their sum must be positive).
+    *(("fleets", f"interruptions_{c}") for c in ("gpu", "host", "network", "software", "maintenance", "unknown")),
+    ("fleets", "straggler_node_frac"),
+    ("fleets", "straggler_slowdown"),
 }
 
 H200_KEY = "h200-sxm-141gb"

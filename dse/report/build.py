@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dse import atomic
+from dse.report.goodput import goodput_rows, section_goodput
 from dse.report.page import (
     answer_summary,
     best_lines,
@@ -85,6 +86,7 @@ def build_report(
             section_memory(r, pareto, figs),
             section_memory_tiers(r, pareto, figs),
             section_heatmaps(r, figs),
+            section_goodput(r),
             section_sensitivity(r, pareto, figs),
         ]
         page = render_page(r, pareto, body, v)
@@ -100,6 +102,7 @@ def build_report(
             "streamed": streamed(r.ds),
             "objectives": list(r.objectives),
             "pareto": records,
+            "goodput": goodput_rows(r),
             "validation": v,
             "validation_error": v_error,
             "notes": r.notes,

@@ -88,6 +88,9 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
         if is_switch != (entry["capacity_GiB"] == 0):
             rule = "0 for a cxl-switch" if is_switch else "positive unless kind is 'cxl-switch'"
             raise _fail(origin, f"{label}.capacity_GiB must be {rule}, got {entry['capacity_GiB']}")
+    elif section == "fleets":
+        if sum(v for k, v in entry.items() if k.startswith("interruptions_")) <= 0:
+            raise _fail(origin, f"{label} needs interruptions > 0 (a failure rate must be positive), all are 0")
 
 
 # A device without a measured matmul efficiency: the median best-case share of the peak over the

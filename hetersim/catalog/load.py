@@ -49,6 +49,7 @@ class Catalog:
     links: dict[str, Entry]
     models: dict[str, Entry]
     memory: dict[str, Entry]
+    fleets: dict[str, Entry]
 
     def section(self, name: Section) -> dict[str, Entry]:
         if name not in SECTIONS:
@@ -66,6 +67,9 @@ class Catalog:
 
     def memory_device(self, key: str) -> Entry:
         return self._lookup("memory", key)
+
+    def fleet(self, key: str) -> Entry:
+        return self._lookup("fleets", key)
 
     def _lookup(self, section: Section, key: str) -> Entry:
         entries = self.section(section)

@@ -7,19 +7,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-Section = Literal["gpus", "links", "models", "memory"]
-SECTIONS: tuple[Section, ...] = ("gpus", "links", "models", "memory")
+Section = Literal["gpus", "links", "models", "memory", "fleets"]
+SECTIONS: tuple[Section, ...] = ("gpus", "links", "models", "memory", "fleets")
 PACKAGED_FILES: dict[Section, str] = {
     "gpus": "accelerators.toml",
     "links": "links.toml",
     "models": "models.toml",
     "memory": "memory.toml",
+    "fleets": "fleets.toml",
 }
 _SINGULAR: dict[Section, str] = {
     "gpus": "gpu",
     "links": "link",
     "models": "model",
     "memory": "memory device",
+    "fleets": "fleet",
 }
 
 Entry = dict[str, Any]
@@ -174,6 +176,15 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "cxl_p2p": _FLAG.optional(),  # GPUs reach CXL memory peer-to-peer (CXL 3.x what-if)
         "cxl_expander_GBps": _POSITIVE.optional(),  # what-if: bandwidth of one expander (overrides the device's)
         "cxl_pool_GBps": _POSITIVE.optional(),  # what-if: bandwidth of the pool (overrides the device's)
+        # Goodput (read by hetersim.reliability; see catalog/fleets.toml):
+        "fleet": _TEXT.optional(),  # the fleets entry whose failures, restarts and storage apply
+        "interrupts_per_Mgpuh": _POSITIVE.optional(),  # what-if: interruptions per 1e6 GPU-hours
+        "restart_s": _POSITIVE.optional(),  # what-if: detection and rescheduling per interruption
+        "pfs_GBps": _POSITIVE.optional(),  # what-if: parallel file system bandwidth (whole job)
+        "nvme_GBps": _POSITIVE.optional(),  # what-if: local NVMe write bandwidth per node
+        "nvme_capacity_GiB": _POSITIVE.optional(),  # what-if: local NVMe capacity per node
+        "straggler_node_frac": _FRACTION_OR_ZERO.optional(),  # what-if: share of nodes running degraded
+        "straggler_slowdown": _NONNEGATIVE.optional(),  # what-if: a degraded node's extra step time (0.1 = 10%)
     },
     "links": {
         "name": _TEXT,
@@ -231,6 +242,25 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "capacity_GiB": _NONNEGATIVE,
         "link": _link_ref("host", optional=True),
     },
+    # A fleet a job runs in: its interruptions by cause over an observed window, the time to detect
+    # a failure and replace the node, its storage (hetersim.reliability, hetersim.terms.goodput).
+    "fleets": {
+        "name": _TEXT,
+        "window_days": _POSITIVE,  # the observation window of the interruption counts
+        "job_gpus": _COUNT,  # GPUs of the job observed
+        "interruptions_gpu": _NONNEGATIVE,  # unexpected interruptions by cause over the window
+        "interruptions_host": _NONNEGATIVE,
+        "interruptions_network": _NONNEGATIVE,
+        "interruptions_software": _NONNEGATIVE,
+        "interruptions_maintenance": _NONNEGATIVE,
+        "interruptions_unknown": _NONNEGATIVE,
+        "restart_s": _POSITIVE,  # detect the failure, replace the node, relaunch (before loading)
+        "pfs_GBps": _POSITIVE,  # parallel file system, sustained, shared by the job
+        "nvme_GBps": _POSITIVE,  # local NVMe per node, write
+        "nvme_capacity_GiB": _POSITIVE,  # local NVMe per node
+        "straggler_node_frac": _FRACTION_OR_ZERO.optional(),
+        "straggler_slowdown": _NONNEGATIVE.optional(),
+    },
 }
 
 # Provenance: models carry one `source` string, the other sections a `sources` table mapping a
@@ -241,6 +271,7 @@ _PROVENANCE: dict[Section, str] = {
     "links": "sources",
     "models": "source",
     "memory": "sources",
+    "fleets": "sources",
 }
 
 

@@ -141,6 +141,14 @@ class HostSpec:
     tier_hosts: Any  # [N_TIERS] hosts that share the tier (1 = private to the node)
     tier_write_eff: Any  # [N_TIERS] write / read bandwidth of the tier's devices
     tier_cpu_GBps: Any  # [N_TIERS] per node: host CPU <-> tier bandwidth before pool sharing
+    # Goodput (hetersim.reliability builds them, hetersim.terms.goodput prices them):
+    interrupts_per_Mgpuh: Any  # job interruptions per 1e6 GPU-hours (all causes)
+    restart_s: Any  # per interruption: detection and rescheduling, before the checkpoint loads
+    nvme_GBps: Any  # per node: local NVMe write bandwidth
+    nvme_capacity_GiB: Any  # per node: local NVMe capacity
+    pfs_GBps: Any  # the parallel file system's sustained bandwidth, shared by the whole job
+    straggler_node_frac: Any  # fraction of nodes running degraded at any time
+    straggler_slowdown: Any  # a degraded node's extra step time, as a fraction (0.1 = 10% slower)
 
 
 @spec
