@@ -137,15 +137,18 @@ def layer_gemm_shapes(m: ModelSpec, plan: Plan):
     return attn_gemm_shapes(m, plan) + mlp_gemm_shapes(m, plan)
 
 
-def gemms_fwd_s(dev, cal, plan, shapes):
-    return sum(p * gemm_s(dev, cal, plan, M, N, K) for (M, N, K, p) in shapes)
+def gemms_fwd_s(dev, cal, plan, shapes, count=1.0, kernels=None):
+    """Forward GEMMs of ``shapes`` (M, N, K, present), each ``count`` times in ``kernels`` launches
+    (:func:`gemm_s`; a grouped GEMM over ``count`` experts is one launch)."""
+    return sum(p * gemm_s(dev, cal, plan, M, N, K, count, kernels) for (M, N, K, p) in shapes)
 
 
-def gemms_bwd_s(dev, cal, plan, shapes):
+def gemms_bwd_s(dev, cal, plan, shapes, count=1.0, kernels=None):
     """Backward: a data-gradient and a weight-gradient GEMM per forward GEMM."""
     total = 0.0
     for M, N, K, p in shapes:
-        total = total + p * (gemm_s(dev, cal, plan, M, K, N) + gemm_s(dev, cal, plan, K, N, M))
+        dgrad = gemm_s(dev, cal, plan, M, K, N, count, kernels)
+        total = total + p * (dgrad + gemm_s(dev, cal, plan, K, N, M, count, kernels))
     return total
 
 

@@ -49,28 +49,23 @@ def local_experts(m: ModelSpec, plan: Plan):
 
 
 def expert_gemm_shapes(m: ModelSpec, plan: Plan):
-    """(M, N, K) of one local expert's forward GEMMs (up and gate fused, down); M = its tokens."""
+    """(M, N, K, present) of one local expert's forward GEMMs (up and gate fused, down); M = its
+    tokens."""
     M = routed_tokens(m, plan) / jnp.maximum(local_experts(m, plan), 1.0)
     f, h = m.moe_ffn_hidden / plan.etp, m.hidden
-    return [(M, (n_mlp_matrices(m) - 1.0) * f, h), (M, h, f)]
+    return [(M, (n_mlp_matrices(m) - 1.0) * f, h, 1.0), (M, h, f, 1.0)]
 
 
 def experts_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
     """The routed experts' forward: one grouped GEMM per matrix over the local experts
     (``moe_grouped_gemm``: one launch, tiles of every expert sharing the SMs; each expert's weights
     read once, which makes small-M experts memory-bound)."""
-    E = local_experts(m, plan)
-    return sum(compute.gemm_s(dev, cal, plan, M, N, K, count=E, kernels=1.0) for M, N, K in expert_gemm_shapes(m, plan))
+    return compute.gemms_fwd_s(dev, cal, plan, expert_gemm_shapes(m, plan), local_experts(m, plan), 1.0)
 
 
 def experts_bwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
     """Data- and weight-gradient grouped GEMMs per forward GEMM."""
-    E = local_experts(m, plan)
-    total = 0.0
-    for M, N, K in expert_gemm_shapes(m, plan):
-        total = total + compute.gemm_s(dev, cal, plan, M, K, N, count=E, kernels=1.0)
-        total = total + compute.gemm_s(dev, cal, plan, K, N, M, count=E, kernels=1.0)
-    return total
+    return compute.gemms_bwd_s(dev, cal, plan, expert_gemm_shapes(m, plan), local_experts(m, plan), 1.0)
 
 
 def shared_shapes(m: ModelSpec, plan: Plan):
