@@ -99,151 +99,70 @@ def _take(tree, i):
     return jax.tree.map(lambda a: a[i], tree)
 
 
+def as_hetero(cluster: ClusterSpec, plan: Plan):
+    """The :class:`hetersim.hsim.HeteroSpec` a mix means (traced; shape ``[G, G, 1]``).
+
+    ``pipeline``: one pipeline whose stages run group by group, each group's ``units`` stages
+    holding ``dp`` replicas of its kind, layers balanced by speed (or the fixed split).
+    ``data``: one pipeline of ``pp`` stages per group, copied ``units`` times, micro-batches
+    balanced by speed."""
+    from .hsim import HeteroSpec, cross_network
+
+    G = MAX_GROUPS
+    present = cluster.gpus > 0
+    pipe = cluster.mode_code == PIPELINE
+    per_unit = plan.tp * plan.cp * jnp.where(pipe, plan.dp, plan.pp)
+    units = jnp.where(present, safe_div(cluster.gpus, per_unit), 0.0)
+    row0 = jnp.zeros(G).at[0].set(1.0)
+    fixed = jnp.any(cluster.layers_fixed > 0)
+    # pipeline: [0, g] is group g's stages; data: [g, 0] is group g's pipeline.
+    stage_count = jnp.where(pipe, row0[:, None] * units[None, :], jnp.zeros((G, G)).at[:, 0].set(plan.pp))
+    stage_layers = jnp.where(pipe & fixed, row0[:, None] * cluster.layers_fixed[None, :] + (1.0 - row0[:, None]) * -1.0, -1.0)
+    kind = jnp.where(pipe, jnp.broadcast_to(jnp.arange(G)[None, :], (G, G)), jnp.broadcast_to(jnp.arange(G)[:, None], (G, G)))
+    count = jnp.where(pipe, row0[:, None] * jnp.where(present, plan.dp, 0.0)[None, :], jnp.ones((G, G)))
+    pipe_count = jnp.where(pipe, row0 * jnp.where(jnp.any(present), 1.0, 0.0), units)
+    cross = cross_network(cluster.systems, cluster.gpus)
+    return HeteroSpec(
+        systems=cluster.systems,
+        cross=cross,
+        pipe_count=pipe_count,
+        pipe_mb=jnp.zeros(G),
+        stage_count=stage_count,
+        stage_layers=stage_layers,
+        kind=kind.astype(jnp.int32)[..., None],
+        tp=jnp.full((G, G, 1), plan.tp),
+        count=count[..., None],
+        rep_mb=jnp.zeros((G, G, 1)),
+        balance_code=jnp.where(pipe, 0, 1).astype(jnp.int32),
+        sp_auto=jnp.asarray(0.0),
+    ), units
+
+
 def simulate_cluster(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cal: Calibration) -> ClusterBreakdown:
-    """One configuration of a mixed cluster in, its breakdown out (pure; batch with vmap)."""
-    gpus = cluster.gpus
-    present = gpus > 0
-    per_stage = plan.tp * plan.cp * jnp.where(cluster.mode_code == PIPELINE, plan.dp, plan.pp)
-    units = jnp.where(present, safe_div(gpus, per_stage), 0.0)  # stages or replicas per group
-    units_ok = jnp.all(jnp.abs(units - jnp.round(units)) < 1e-6)
-    n_gpus_ok = jnp.abs(jnp.sum(gpus) - plan.n_gpus) < 0.5
-    flags = jnp.where(units_ok & n_gpus_ok, 0, int(Infeasible.GPU_COUNT)).astype(jnp.int32)
+    """One configuration of a mixed cluster in, its breakdown out (pure; batch with vmap): the
+    heterogeneous plan of :func:`as_hetero` evaluated by :func:`hetersim.hsim.simulate_plan`."""
+    from .hsim import simulate_plan
 
-    lc = jax.vmap(layer_costs, in_axes=(None, 0, None, None))(model, cluster.systems, plan, cal)
-    cost = layer_time(lc)
-    p2p = jax.vmap(p2p_chunk_s, in_axes=(None, 0, None, None))(model, cluster.systems, plan, cal)
-    out = jax.lax.cond(
-        cluster.mode_code == PIPELINE,
-        lambda: _pipeline(model, cluster, plan, cal, units, lc, cost, p2p),
-        lambda: _data(model, cluster, plan, cal, units, lc, cost),
-    )
-    flags = flags | jnp.where(units_ok & n_gpus_ok & (jnp.sum(units) > 0), 0, int(Infeasible.GPU_COUNT))
+    hs, units = as_hetero(cluster, plan)
+    out = simulate_plan(model, hs, plan, cal)
+    present = cluster.gpus > 0
+    units_ok = jnp.all(jnp.abs(units - jnp.round(units)) < 1e-6) & (jnp.sum(units) > 0)
+    n_gpus_ok = jnp.abs(jnp.sum(cluster.gpus) - plan.n_gpus) < 0.5
+    flags = jnp.where(units_ok & n_gpus_ok, 0, int(Infeasible.GPU_COUNT))
     total = dataclasses.replace(out.total, infeasible=out.total.infeasible | flags.astype(jnp.int32))
-    return dataclasses.replace(out, total=total)
+    pipe = cluster.mode_code == PIPELINE
 
+    def per_group(a_pipe, a_data):
+        return jnp.where(present, jnp.where(pipe, a_pipe, a_data), 0.0)
 
-def _group_sims(model, cluster, plan, cal, models):
-    return jax.vmap(simulate, in_axes=(0, 0, None, None))(models, cluster.systems, plan, cal)
-
-
-def _pipeline(model, cluster, plan, cal, stages, lc, cost, p2p):
-    present = stages > 0
-    # Activations cross from one kind to the next over the link both groups share: price every
-    # stage's point-to-point at the slowest group's rate (exact for the stages at a boundary,
-    # conservative inside a group).
-    p2p = jnp.where(present, jnp.max(jnp.where(present, p2p, 0.0)), 0.0)
-    base, extra, valid = balanced_split(model, stages, cost, cluster.layers_fixed)
-    stage_layers = base + (extra > 0)
-    last = jnp.max(jnp.where(present, jnp.arange(MAX_GROUPS), -1))
-    head = jnp.where(jnp.arange(MAX_GROUPS) == last, lc.head, 0.0)
-    t_stage = jnp.where(present, stage_layers * cost + p2p + head, 0.0)  # busiest stage of each group
-    t_max = jnp.max(t_stage)
-    g_max = jnp.argmax(t_stage)
-    total_stage = jnp.sum(stages * (base * cost + p2p) + extra * cost) + lc.head[jnp.maximum(last, 0)]
-    n_micro = micro_batches(plan)
-    bubble = jnp.where(plan.pp > 1, (total_stage - t_max) / plan.vp, 0.0)
-
-    # Per group: DP traffic, optimizer, offload and memory of a stage with that group's layers.
-    models = jax.vmap(lambda n: dataclasses.replace(model, layers=n * plan.pp))(stage_layers)
-    sims = _group_sims(model, cluster, plan, cal, models)
-    fit = jnp.where(present, sims.hbm_used_GiB / sims.hbm_capacity_GiB, 0.0)
-    g_mem = jnp.argmax(fit)
-    g_flags = jnp.where(present, sims.infeasible, 0)
-    g_flags = g_flags & ~(int(Infeasible.LAYERS_DIVIDE) | int(Infeasible.GPU_COUNT))
-    flags = _any_flags(g_flags) | jnp.where(valid, 0, int(Infeasible.LAYERS_DIVIDE))
-
-    dp = jnp.max(jnp.where(present, sims.dp_comm_s, 0.0))
-    opt = jnp.max(jnp.where(present, sims.optimizer_s, 0.0))
-    off = jnp.max(jnp.where(present, sims.offload_s, 0.0))
-    t = stage_times(_take(lc, g_max), stage_layers[g_max], p2p[g_max], head[g_max])
-    terms = dict(
-        compute_s=n_micro * t["compute_s"],
-        recompute_s=n_micro * t["recompute_s"],
-        tp_comm_s=n_micro * t["tp_s"],
-        cp_comm_s=n_micro * t["cp_s"],
-        pp_comm_s=n_micro * t["pp_s"],
-        dp_comm_s=dp,
-        bubble_s=bubble,
-        optimizer_s=opt,
-        offload_s=off,
-    )
-    total = _totals(model, cluster, plan, sims, g_mem, terms, flags)
     return ClusterBreakdown(
         total=total,
-        group_stages=stages,
-        group_layers=jnp.where(present, stage_layers, 0.0),
-        group_microbatches=jnp.where(present, n_micro, 0.0),
-        group_stage_time_s=t_stage,
-        group_hbm_used_GiB=jnp.where(present, sims.hbm_used_GiB, 0.0),
-        group_infeasible=g_flags,
-    )
-
-
-def _data(model, cluster, plan, cal, replicas, lc, cost):
-    present = replicas > 0
-    stage_l = memory.busiest_stage_layers(model, plan)
-    t_mb = stage_l * cost + lc.head  # per micro-batch time of a replica's busiest stage
-    total_mb = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch, 1.0), 1.0)
-    base, extra = integer_split(total_mb, replicas, t_mb)
-    m = jnp.where(present, base + (extra > 0), 0.0)  # micro-batches of each group's busiest replica
-
-    # Each group runs as a homogeneous job whose collectives span every replica (dp of the plan)
-    # but that takes only its own micro-batches.
-    def one(sys, mg):
-        return simulate(model, sys, dataclasses.replace(plan, global_batch=mg * plan.micro_batch * plan.dp), cal)
-
-    sims = jax.vmap(one)(cluster.systems, m)
-    step_g = jnp.where(present, sims.step_time_s, 0.0)
-    g = jnp.argmax(step_g)
-    slow = _take(sims, g)
-    fit = jnp.where(present, sims.hbm_used_GiB / sims.hbm_capacity_GiB, 0.0)
-    g_mem = jnp.argmax(fit)
-    g_flags = jnp.where(present, sims.infeasible, 0) & ~int(Infeasible.GPU_COUNT) & ~int(Infeasible.BATCH_DIVIDE)
-    flags = _any_flags(g_flags)
-    # Replicas finish their micro-batches, then synchronise gradients together: the step is the
-    # slowest group's (each group's exposed DP traffic depends on its own backward window).
-    terms = {k: getattr(slow, k) for k in STEP_TERMS}
-    total = _totals(model, cluster, plan, sims, g_mem, terms, flags)
-    return ClusterBreakdown(
-        total=total,
-        group_stages=replicas,
-        group_layers=jnp.where(present, stage_l, 0.0),
-        group_microbatches=m,
-        group_stage_time_s=step_g,
-        group_hbm_used_GiB=jnp.where(present, sims.hbm_used_GiB, 0.0),
-        group_infeasible=g_flags,
-    )
-
-
-def _totals(model, cluster, plan, sims, g_mem, terms, flags) -> Breakdown:
-    """Job-level metrics from the step terms (:func:`hetersim.simulate.throughput` over every
-    group's GPUs); memory fields of the group nearest its capacity."""
-    dev = cluster.systems.device
-    gpus = cluster.gpus
-    step = sum(terms.values())
-    rates = throughput(
-        model,
-        plan,
-        step,
-        n_gpus=jnp.sum(gpus),
-        peak_tflops=jnp.sum(gpus * dev.peak_tflops[:, plan.precision_code]),
-        usd_per_hour=jnp.sum(gpus * dev.price_usd_per_hour),
-        power_W=jnp.sum(gpus * dev.tdp_W),
-    )
-    mem = _take(sims, g_mem)
-    # Goodput terms are those of the group nearest its capacity; the effective time, cost and
-    # energy are the job's time to train over that goodput.
-    eff = jnp.where(mem.goodput > 0, rates.time_to_train_s / jnp.where(mem.goodput > 0, mem.goodput, 1.0), 0.0)
-    return dataclasses.replace(
-        mem,
-        step_time_s=step,
-        **terms,
-        **{k: getattr(rates, k) for k in rates.__dataclass_fields__},
-        n_microbatches=micro_batches(plan),
-        infeasible=flags.astype(jnp.int32),
-        effective_time_s=eff,
-        effective_cost_usd=eff / HOUR * jnp.sum(gpus * dev.price_usd_per_hour),
-        effective_energy_kWh=eff * jnp.sum(gpus * dev.tdp_W) / KWH,
+        group_stages=units,
+        group_layers=per_group(out.stage_layers[0], out.stage_layers[:, 0]),
+        group_microbatches=per_group(out.slot_microbatches[0, :, 0], out.slot_microbatches[:, 0, 0]),
+        group_stage_time_s=per_group(out.slot_time_s[0, :, 0], out.pipe_step_s),
+        group_hbm_used_GiB=per_group(out.slot_hbm_used_GiB[0, :, 0], out.slot_hbm_used_GiB[:, 0, 0]),
+        group_infeasible=jnp.where(present, jnp.where(pipe, out.slot_infeasible[0, :, 0], out.slot_infeasible[:, 0, 0]), 0),
     )
 
 

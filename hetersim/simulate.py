@@ -250,8 +250,9 @@ def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibra
 # --------------------------------------------------------------------------------------------
 
 
-def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, pipe: PipelineStep):
-    """Exposed DP / ZeRO / FSDP communication per step.
+def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, pipe: PipelineStep, vocab_mats=None):
+    """Exposed DP / ZeRO / FSDP communication per step of the stage ``pipe`` describes (its
+    layers, and ``vocab_mats`` vocabulary matrices: :func:`memory.local_params`).
 
     Collectives go out per bucket. Their bandwidth time can hide behind the compute of the pass
     they serve (the backward for gradients, the forward for gathered weights); their latency is
@@ -275,7 +276,7 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
             comm.all_gather_parts(net, n, stride, w_bytes, n_ag),
         )
 
-    dense = parts(memory.local_params(model, plan), n_dp, s_dpg)
+    dense = parts(memory.local_params(model, plan, pipe.layers, vocab_mats), n_dp, s_dpg)
     n_edp = memory.expert_dp(plan)
     if model.extra is None:
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = dense
@@ -283,7 +284,7 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     else:
         # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
         # ep*etp apart), in the same buckets and windows; none where it has one rank.
-        experts = parts(memory.expert_local_params(model, plan), n_edp, plan.ep * plan.etp)
+        experts = parts(memory.expert_local_params(model, plan, pipe.layers), n_edp, plan.ep * plan.etp)
         on = jnp.where(n_edp > 1, 1.0, 0.0)
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (
             (d[0] + on * e[0], d[1] + on * e[1]) for d, e in zip(dense, experts, strict=True)
@@ -305,12 +306,15 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
 # --------------------------------------------------------------------------------------------
 
 
-def optimizer_offload(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, pipe: PipelineStep, states):
-    """The optimizer step and the offload traffic (:func:`hetersim.terms.offload.offload_cost`);
-    ``states``: the (weights, grads, optimizer) bytes per GPU of :func:`memory.state_bytes`."""
+def optimizer_offload(
+    model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, pipe: PipelineStep, states, vocab_mats=None
+):
+    """The optimizer step and the offload traffic (:func:`hetersim.terms.offload.offload_cost`) of
+    the stage ``pipe`` describes; ``states``: the (weights, grads, optimizer) bytes per GPU of
+    :func:`memory.state_bytes`."""
     weights, grads, opt = states
-    opt_params = memory.optimizer_params(model, plan)
-    _, acts_mb = offload.activation_offload_bytes(model, plan, pipe.n_micro)
+    opt_params = memory.optimizer_params(model, plan, pipe.layers, vocab_mats)
+    _, acts_mb = offload.activation_offload_bytes(model, plan, pipe.n_micro, pipe.layers)
     return offload.offload_cost(
         system.host,
         plan,
@@ -342,15 +346,19 @@ class Placement:
     tier_capacity_GiB: Any  # [N_TIERS]
 
 
-def placement(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro, states) -> Placement:
-    """Model states, activations and buffers, less what is offloaded to a slower tier."""
+def placement(
+    model: ModelSpec, system: SystemSpec, plan: Plan, n_micro, states, layers=None, inflight=None, logits_on=1.0
+) -> Placement:
+    """Model states, activations and buffers, less what is offloaded to a slower tier (of the
+    busiest stage, or of a stage of ``layers`` layers holding ``inflight`` micro-batches, with the
+    LM head's logits where ``logits_on``)."""
     host = system.host
     on = plan.offload_tier_code > 0
     weights, grads, opt = states
-    acts_off, _ = offload.activation_offload_bytes(model, plan, n_micro)
+    acts_off, _ = offload.activation_offload_bytes(model, plan, n_micro, layers, inflight)
     acts_tier = jnp.where(on[memory.ACT], acts_off, 0.0)
-    acts = memory.activation_bytes(model, plan, n_micro) - acts_tier
-    bufs = memory.buffer_bytes(model, plan)
+    acts = memory.activation_bytes(model, plan, n_micro, layers, inflight) - acts_tier
+    bufs = memory.buffer_bytes(model, plan, logits_on)
     bufs = bufs + jnp.where(on[memory.PARAM], offload.param_staging_bytes(model, plan), 0.0)
     weights_hbm = jnp.where(on[memory.PARAM], 0.0, weights)
     grads_hbm = jnp.where(on[memory.GRAD], 0.0, grads)

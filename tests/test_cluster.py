@@ -38,8 +38,16 @@ def test_mix_of_identical_groups_equals_homogeneous(catalog, cal, mode, plan):
     m = build.model_spec(catalog.model("llama2-70b"))
     homo = sim(m, build.system_spec(catalog.gpu("h100-sxm-80gb"), catalog.links), _plan(128, **plan), cal)
     assert int(mixed.total.infeasible) == 0
-    for k in ("step_time_s", "tokens_per_s", "mfu", "hbm_used_GiB", *STEP_TERMS):
+    for k in ("step_time_s", "tokens_per_s", "mfu", *STEP_TERMS):
         assert float(getattr(mixed.total, k)) == pytest.approx(float(getattr(homo, k)), rel=1e-4, abs=1e-6), k
+    # Memory is priced per stage (the first holds the most micro-batches, the last the logits);
+    # the homogeneous model counts both on its busiest stage, an upper bound. One pipeline stage
+    # group per kind (data mode) is that same busiest stage.
+    mixed_hbm, homo_hbm = float(mixed.total.hbm_used_GiB), float(homo.hbm_used_GiB)
+    if mode == "data":
+        assert mixed_hbm == pytest.approx(homo_hbm, rel=1e-5)
+    else:
+        assert homo_hbm * 0.9 < mixed_hbm < homo_hbm
 
 
 @pytest.mark.parametrize("mode, plan", [("pipeline", {}), ("data", dict(pp=4))])

@@ -45,20 +45,23 @@ def moe_stage_layers(m: ModelSpec, layers):
     return jnp.minimum(jnp.ceil(layers / m.moe_every - 1e-6), m.moe_layers + mtp)
 
 
-def local_params(m: ModelSpec, plan: Plan, layers=None):
+def local_params(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
     """Parameters on the busiest pipeline stage's tensor-parallel rank (or on a stage of
-    ``layers`` layers) that are not routed experts (those: :func:`expert_local_params`).
+    ``layers`` layers holding ``vocab_mats`` vocabulary matrices) that are not routed experts
+    (those: :func:`expert_local_params`).
 
     With pp > 1 the first stage holds the embedding and the last the LM head (one vocabulary
-    matrix each); with pp == 1 one rank holds both (one matrix when they are tied). An MoE
-    layer's shared experts and router are split like a dense MLP.
+    matrix each; the busiest stage is counted with one); with pp == 1 one rank holds both (one
+    matrix when they are tied). An MoE layer's shared experts and router are split like a dense
+    MLP.
     """
     layers = busiest_stage_layers(m, plan) if layers is None else layers
     per_rank = layers * layer_params(m) / plan.tp
     if m.extra is not None:
         shared = n_mlp_matrices(m) * m.hidden * m.shared_ffn_hidden + m.n_experts * m.hidden
         per_rank = per_rank + moe_stage_layers(m, layers) * (shared - dense_mlp_params(m)) / plan.tp
-    vocab_mats = jnp.where(plan.pp > 1, 1.0, 2.0 - m.tied_embeddings)
+    if vocab_mats is None:
+        vocab_mats = jnp.where(plan.pp > 1, 1.0, 2.0 - m.tied_embeddings)
     return per_rank + vocab_mats * m.vocab * m.hidden / plan.tp
 
 
@@ -92,9 +95,10 @@ def grad_bytes(plan: Plan):
     return jnp.where((dist_opt | fp16_z3) & (plan.precision_code != Precision.FP32), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
 
 
-def state_bytes(m: ModelSpec, plan: Plan, layers=None):
-    """(weights, gradients, optimizer) bytes per GPU before any offload."""
-    p = local_params(m, plan, layers)
+def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
+    """(weights, gradients, optimizer) bytes per GPU before any offload (of the busiest stage, or
+    of a stage of ``layers`` layers and ``vocab_mats`` vocabulary matrices)."""
+    p = local_params(m, plan, layers, vocab_mats)
     pe = expert_local_params(m, plan, layers)
     n, ne = zero_group(plan), expert_dp(plan)
 
@@ -105,12 +109,12 @@ def state_bytes(m: ModelSpec, plan: Plan, layers=None):
     return sharded(3) * wbytes, sharded(2) * grad_bytes(plan), sharded(1) * OPTIMIZER_BYTES
 
 
-def optimizer_params(m: ModelSpec, plan: Plan):
+def optimizer_params(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
     """Parameters whose optimizer step one GPU runs (its ZeRO shard of the dense and the expert
     parameters)."""
     n, ne = zero_group(plan), expert_dp(plan)
-    dense = local_params(m, plan) / jnp.where(plan.zero >= 1, n, 1.0)
-    return dense + expert_local_params(m, plan) / jnp.where(plan.zero >= 1, ne, 1.0)
+    dense = local_params(m, plan, layers, vocab_mats) / jnp.where(plan.zero >= 1, n, 1.0)
+    return dense + expert_local_params(m, plan, layers) / jnp.where(plan.zero >= 1, ne, 1.0)
 
 
 def layer_activation_bytes(m: ModelSpec, plan: Plan):
@@ -229,12 +233,13 @@ def loss_chunk_tokens(m: ModelSpec, plan: Plan):
     return jnp.where(plan.loss_code == Loss.CHUNKED, jnp.minimum(chunk, T), T)
 
 
-def buffer_bytes(m: ModelSpec, plan: Plan):
+def buffer_bytes(m: ModelSpec, plan: Plan, logits_on=1.0):
     """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy
     works in, its gradient computed in place; one chunk's under the chunked loss) on the last
     stage, two gathered layers and one layer's unsharded gradients under ZeRO-3 (the one
-    computing and the one prefetched), and the runtime's reserve."""
-    logits = (2.0 + 4.0) * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
+    computing and the one prefetched), and the runtime's reserve. ``logits_on`` 0: a stage
+    without the LM head."""
+    logits = logits_on * (2.0 + 4.0) * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
     # ZeRO-3 / FSDP: the layer computing and the one prefetched, gathered in 16 bits, and the
     # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
     gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)

@@ -126,13 +126,16 @@ def cpu_bandwidth(host: HostSpec):
     return jnp.minimum(host.tier_cpu_GBps, pool) * GB
 
 
-def activation_offload_bytes(m: ModelSpec, plan: Plan, n_micro):
+def activation_offload_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=None):
     """(bytes held on the tier per GPU, bytes moved per micro-batch) when activation checkpoints
     are offloaded: all stored layers but two (the one in use and the one prefetched) per
-    micro-batch in flight."""
+    micro-batch in flight (of the busiest stage, or of a stage of ``layers`` layers holding
+    ``inflight`` micro-batches)."""
     stored, _ = memory.layer_activation_bytes(m, plan)
-    per_mb = stored * pos(memory.busiest_stage_layers(m, plan) - 2.0)
-    return per_mb * memory.inflight_microbatches(plan, n_micro), per_mb
+    layers = memory.busiest_stage_layers(m, plan) if layers is None else layers
+    inflight = memory.inflight_microbatches(plan, n_micro) if inflight is None else inflight
+    per_mb = stored * pos(layers - 2.0)
+    return per_mb * inflight, per_mb
 
 
 def param_staging_bytes(m: ModelSpec, plan: Plan):

@@ -1,0 +1,439 @@
+"""A heterogeneous plan (:mod:`hetersim.hplan`) evaluated: pipelines of stages whose replicas sit
+on different device kinds with their own tensor-parallel degree (pure; batch with ``jax.vmap``).
+
+Every replica group of every stage (a *slot*: pipeline ``j``, stage ``s``, group ``r``) is
+priced with the stages of :mod:`hetersim.simulate` on its own kind's specs, with its own
+``tp``, the stage's layers, the pipeline's depth and the stage's data-parallel group:
+
+* **Micro-batches.** ``N = global_batch / micro_batch`` are shared among the pipeline copies and,
+  in every stage, among its replicas (whole micro-batches: ``equal``, ``speed`` or given).
+* **Step.** A stage is busy ``max_r n_r * t_r`` per step (``t_r`` a replica's per-micro-batch
+  time with its layers, the LM head on the last stage, its point-to-point sends); a pipeline
+  takes its busiest stage's time plus fill and drain, ``(sum of stage latencies - the
+  busiest's) / vp`` (the 1F1B composition of :mod:`hetersim.simulate`, Narayanan et al. SC'21);
+  the job the slowest pipeline's, with its slots' exposed gradient synchronisation, optimizer
+  and offload. For one kind and equal stages this is :func:`hetersim.simulate.simulate` exactly.
+* **Traffic between kinds.** Two kinds never share a scale-up domain: a data-parallel group
+  whose replicas span kinds, and a pipeline send between stages on different kinds, go over
+  the ``cross`` network — the slowest of the kinds' scale-out links and of the link the plan
+  names between them (NCCL's ring is as fast as its slowest hop).
+* **Memory per stage**: its layers, the embedding on the first stage and the head (and its
+  logits) on the last, the micro-batches a stage in position ``i`` of ``P`` holds under 1F1B
+  (``min(P - i, n)``), states sharded over the stage's data-parallel group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .cluster import _any_flags, integer_split
+from .layer import layer_costs, p2p_chunk_s
+from .outputs import STEP_TERMS
+from .pytree import spec
+from .simulate import flags as stage_flags
+from .simulate import (
+    Breakdown,
+    PipelineStep,
+    breakdown,
+    dp_comm_s,
+    layer_time,
+    moe_layer_time,
+    optimizer_offload,
+    placement,
+    stage_times,
+    throughput,
+)
+from .specs import Calibration, ModelSpec, NetworkSpec, Plan, SystemSpec
+from .terms import compute, memory
+from .terms import goodput as goodput_terms
+from .terms._safe import safe_div
+from .terms.flops import total_params
+from .types import N_LEVELS, Infeasible
+from .units import GiB
+
+BIG = 1.0e30
+# Rules the plan's own structure replaces (checked below for the plan as a whole).
+_STRUCTURE = int(Infeasible.GPU_COUNT) | int(Infeasible.BATCH_DIVIDE) | int(Infeasible.LAYERS_DIVIDE)
+
+
+@spec
+class HeteroSpec:
+    """A heterogeneous plan's arrays (:func:`hetersim.hplan.to_arrays`) and its device kinds."""
+
+    systems: SystemSpec  # every leaf with a leading axis of K device kinds
+    cross: NetworkSpec  # traffic between kinds
+    pipe_count: Any  # [J] copies of each pipeline (0 = unused)
+    pipe_mb: Any  # [J] micro-batches per copy (0 = by the balance)
+    stage_count: Any  # [J, S] consecutive identical stages (0 = unused)
+    stage_layers: Any  # [J, S] layers per stage (-1 = balanced by speed)
+    kind: Any  # [J, S, R] device kind (index into systems)
+    tp: Any  # [J, S, R]
+    count: Any  # [J, S, R] replicas (0 = unused)
+    rep_mb: Any  # [J, S, R] micro-batches per replica (0 = by the balance)
+    balance_code: Any  # hplan.BALANCE
+    sp_auto: Any  # 1: sequence parallelism on where a replica's tp > 1; 0: the plan's sp
+
+
+@spec
+class HeteroBreakdown:
+    total: Breakdown  # the job (memory fields: the slot closest to its capacity)
+    stage_layers: Any  # [J, S] layers of each stage (the busiest of a group of identical ones)
+    slot_microbatches: Any  # [J, S, R] micro-batches per replica and step
+    slot_time_s: Any  # [J, S, R] per micro-batch time of a replica of the stage
+    slot_busy_s: Any  # [J, S, R] micro-batches x time
+    slot_hbm_used_GiB: Any  # [J, S, R]
+    slot_infeasible: Any  # [J, S, R] Infeasible flags of each slot
+    pipe_step_s: Any  # [J] step time of each pipeline copy (with its synchronisation)
+
+
+def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0.0) -> NetworkSpec:
+    """The network between device kinds: one level (every inner level one GPU wide), at the
+    slowest scale-out bandwidth, bus efficiency and highest latency of the kinds ``used`` [K]
+    and of a link between them (``link_bw_GBps`` 0: none named)."""
+    net = systems.network
+    top = N_LEVELS - 1
+    on = used > 0
+    bw = jnp.min(jnp.where(on, net.bw_GBps[:, top], BIG))
+    bw = jnp.where(link_bw_GBps > 0, jnp.minimum(bw, link_bw_GBps), bw)
+
+    def worst(a, fn, fill):
+        return fn(jnp.where(on, a[:, top], fill))
+
+    eff = worst(net.busbw_eff, jnp.min, BIG)
+    lat = jnp.maximum(worst(net.latency_us, jnp.max, -BIG), link_latency_us)
+    ll = jnp.maximum(worst(net.ll_latency_us, jnp.max, -BIG), link_latency_us)
+    ll128 = jnp.maximum(worst(net.ll128_latency_us, jnp.max, -BIG), link_latency_us)
+    ones = jnp.ones(N_LEVELS)
+
+    def level(x):
+        return ones * x
+
+    return NetworkSpec(
+        domain_gpus=ones.at[top].set(float(1 << 24)),
+        bw_GBps=level(bw),
+        busbw_eff=level(eff),
+        latency_us=level(lat),
+        ll_latency_us=level(ll),
+        ll128_latency_us=level(ll128),
+    )
+
+
+def _kinds_onehot(hs: HeteroSpec, present):
+    """[J, S, R, K]: the kind of each slot, kinds with identical specs counted as one (two groups
+    of one device kind are one kind: their traffic is priced on their own network)."""
+    leaves = [a.reshape(a.shape[0], -1) for a in jax.tree.leaves(hs.systems)]
+    K = leaves[0].shape[0]
+    same = jnp.ones((K, K), bool)
+    for a in leaves:
+        same &= jnp.all(a[:, None, :] == a[None, :, :], axis=-1)
+    canon = jnp.argmax(same, axis=1)
+    return (canon[hs.kind][..., None] == jnp.arange(K)) & present[..., None]
+
+
+def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration) -> HeteroBreakdown:
+    """One heterogeneous plan in, its breakdown out. ``plan`` holds the fields every replica
+    shares (micro-batch, sequence, precision, ZeRO, recomputation, stack, ...); its ``tp``, ``pp``,
+    ``dp`` and ``n_gpus`` are replaced per slot."""
+    J, S, R = hs.kind.shape
+    p_on = hs.pipe_count > 0
+    s_on = (hs.stage_count > 0) & p_on[:, None]
+    on = (hs.count > 0) & s_on[..., None]
+    depth = jnp.sum(jnp.where(s_on, hs.stage_count, 0.0), axis=1)  # [J] stages per pipeline
+    start = jnp.cumsum(jnp.where(s_on, hs.stage_count, 0.0), axis=1) - jnp.where(s_on, hs.stage_count, 0.0)
+    first = s_on & (start == 0)
+    last = s_on & (start + hs.stage_count >= depth[:, None])
+    reps = jnp.sum(jnp.where(on, hs.count, 0.0), axis=2)  # [J, S] replicas of each stage
+    onehot = _kinds_onehot(hs, on)
+    kinds_of_stage = jnp.any(onehot, axis=2)  # [J, S, K]
+
+    # The data-parallel group of each stage: the replicas, over every pipeline copy, of the stage
+    # at the same position (exact where the pipelines split the layers alike; see n_dp below).
+    n_dp_pos = jnp.sum(hs.pipe_count[:, None] * reps, axis=0)  # [S]
+    n_dp0 = jnp.broadcast_to(n_dp_pos[None, :], (J, S))
+
+    sys = jax.tree.map(lambda a: a[hs.kind], hs.systems)  # leaves [J, S, R, ...]
+    sys_x = dataclasses.replace(sys, network=jax.tree.map(lambda a: jnp.broadcast_to(a, (J, S, R, *a.shape)), hs.cross))
+
+    def slot_plan(tp, n_dp, pp):
+        sp = jnp.where(hs.sp_auto > 0, jnp.where(tp > 1, 1.0, 0.0), plan.sp)
+        n = tp * plan.cp * pp * n_dp
+        return dataclasses.replace(plan, tp=tp, pp=pp, dp=n_dp, n_gpus=n, sp=sp)
+
+    def costs(system, system_x, tp, n_dp, pp):
+        p = compute.resolve_kernels(system.device, slot_plan(tp, n_dp, pp))
+        lc = layer_costs(model, system, p, cal)
+        return lc, p2p_chunk_s(model, system, p, cal), p2p_chunk_s(model, system_x, p, cal)
+
+    bc = (J, S, R)
+    depth3 = jnp.broadcast_to(depth[:, None, None], bc)
+    vm = jax.vmap(jax.vmap(jax.vmap(costs)))
+    lc, p2p_own, p2p_x = vm(sys, sys_x, hs.tp, jnp.broadcast_to(n_dp0[..., None], bc), depth3)
+
+    # A send between two stages on different kinds crosses the network between kinds.
+    def shifted(a, by):  # a[:, s + by], False past either end
+        pad = jnp.zeros_like(a[:, :1])
+        return jnp.concatenate([a[:, 1:], pad], axis=1) if by > 0 else jnp.concatenate([pad, a[:, :-1]], axis=1)
+
+    def differs(by):
+        return shifted(s_on, by) & jnp.any(shifted(kinds_of_stage, by) != kinds_of_stage, axis=-1)
+
+    mixed_stage = jnp.sum(kinds_of_stage, axis=-1) > 1
+    boundary = mixed_stage | differs(1) | differs(-1)
+    p2p = jnp.where(boundary[..., None], jnp.maximum(p2p_own, p2p_x), p2p_own)
+    p2p = jnp.where(depth3 > 1, p2p, 0.0)
+
+    # Layers of each stage: given, or balanced by speed over the stages (per-layer cost of a
+    # stage: its replicas' share of the micro-batches times their per-layer time).
+    lt = layer_time(lc)
+    total_layers = memory.stack_layers(model)
+    if model.extra is None:
+        per_layer = lt
+    else:  # the mean of the model's dense and MoE layers
+        n_moe_all = memory.moe_stage_layers(model, total_layers)
+        per_layer = safe_div(n_moe_all * moe_layer_time(lc) + (total_layers - n_moe_all) * lt, total_layers)
+    speed = hs.balance_code == 1
+    inv = jnp.where(on, safe_div(hs.count, per_layer), 0.0)
+    cost_speed = safe_div(1.0, jnp.sum(inv, axis=2))
+    cost_equal = safe_div(jnp.max(jnp.where(on, per_layer, 0.0), axis=2), reps)
+    stage_cost = jnp.where(speed, cost_speed, cost_equal)
+    base, extra = jax.vmap(integer_split, in_axes=(None, 0, 0))(total_layers, jnp.where(s_on, hs.stage_count, 0.0), stage_cost)
+    balanced = jnp.any(hs.stage_layers < 0, axis=1, keepdims=True)
+    base = jnp.where(balanced, base, jnp.maximum(hs.stage_layers, 0.0))
+    extra = jnp.where(balanced, extra, 0.0)
+    layers = jnp.where(s_on, base + (extra > 0), 0.0)  # the busiest stage of each group
+    covered = jnp.abs(jnp.sum(jnp.where(s_on, hs.stage_count * base + extra, 0.0), axis=1) - total_layers) < 0.5
+    layers_ok = jnp.all(jnp.where(p_on, covered, True)) & jnp.all(jnp.where(s_on & balanced, base >= 1.0, True))
+
+    # Per micro-batch time of each slot's stage (the head and MTP heads on the last stage).
+    head_mult = jnp.where(last, 1.0 + model.mtp_layers, 0.0)
+
+    def times(lc, layers, p2p, head):
+        n_moe = memory.moe_stage_layers(model, layers)
+        t = stage_times(lc, layers, p2p, lc.head * head, n_moe)
+        return t, t["compute_s"] + t["recompute_s"] + t["tp_s"] + t["cp_s"] + t["ep_s"] + t["pp_s"]
+
+    tv = jax.vmap(jax.vmap(jax.vmap(times)))
+    t_terms, tau = tv(lc, jnp.broadcast_to(layers[..., None], bc), p2p, jnp.broadcast_to(head_mult[..., None], bc))
+    tau = jnp.where(on, tau, 0.0)
+    # The sum over a group's stages of their latencies: base layers each, `extra` with one more.
+    _, tau_base = tv(lc, jnp.broadcast_to(base[..., None], bc), p2p, jnp.zeros(bc))
+    head_s = lc.head * (1.0 + model.mtp_layers)
+    group_sum = hs.stage_count[..., None] * tau_base + extra[..., None] * lt + jnp.where(last[..., None], head_s, 0.0)
+
+    # Micro-batches: over the pipeline copies, then in every stage over its replicas.
+    n_total = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch, 1.0), 1.0)
+    stage_lat = jnp.max(tau, axis=2)  # [J, S]
+    stage_rate_speed = jnp.sum(jnp.where(on, safe_div(hs.count, tau), 0.0), axis=2)
+    stage_period = jnp.where(speed, safe_div(1.0, stage_rate_speed), safe_div(stage_lat, reps))
+    pipe_period = jnp.max(jnp.where(s_on, stage_period, 0.0), axis=1)
+    copies = jnp.sum(jnp.where(p_on, hs.pipe_count, 0.0))
+    given_p = jnp.all(jnp.where(p_on, hs.pipe_mb > 0, True))
+    pb, pe = integer_split(n_total, jnp.where(p_on, hs.pipe_count, 0.0), jnp.where(speed, pipe_period, 1.0))
+    n_pipe_eq = safe_div(n_total, copies)
+    n_pipe = jnp.where(given_p, hs.pipe_mb, jnp.where(speed, pb + (pe > 0), n_pipe_eq))
+    n_pipe = jnp.where(p_on, n_pipe, 0.0)
+    batch_ok = jnp.where(given_p, jnp.abs(jnp.sum(hs.pipe_mb * hs.pipe_count) - n_total) < 0.5, True)
+    batch_ok &= speed | given_p | (jnp.abs(n_pipe_eq - jnp.round(n_pipe_eq)) < 1e-6)
+
+    def split_stage(n, count, tau_r, given, present):
+        b, e = integer_split(n, count, tau_r)
+        eq = safe_div(n, jnp.sum(count))
+        use_given = jnp.all(jnp.where(present, given > 0, True))
+        m = jnp.where(use_given, given, jnp.where(speed, b + (e > 0), eq))
+        ok = jnp.where(use_given, jnp.abs(jnp.sum(jnp.where(present, given * count, 0.0)) - n) < 0.5, True)
+        ok &= speed | use_given | (jnp.abs(eq - jnp.round(eq)) < 1e-6)
+        return jnp.where(present, m, 0.0), ok
+
+    mb, stage_ok = jax.vmap(jax.vmap(split_stage, in_axes=(None, 0, 0, 0, 0)))(
+        n_pipe, jnp.where(on, hs.count, 0.0), jnp.where(on, tau, BIG), hs.rep_mb, on
+    )
+    batch_ok &= jnp.all(jnp.where(s_on, stage_ok, True)) & jnp.all(jnp.where(on, mb >= 1.0, True))
+
+    busy = mb * tau  # [J, S, R]
+    stage_busy = jnp.max(busy, axis=2)
+    s_star = jnp.argmax(stage_busy, axis=1)  # [J]
+    r_star = jnp.argmax(jnp.take_along_axis(busy, s_star[:, None, None], axis=1)[:, 0], axis=1)
+    pipe_busy = jnp.max(stage_busy, axis=1)
+    lat_star = jnp.take_along_axis(stage_lat, s_star[:, None], axis=1)[:, 0]
+    sums = jnp.max(jnp.where(on, group_sum, 0.0), axis=2)  # slowest replica of each group
+    bubble = jnp.where(depth > 1, (jnp.sum(jnp.where(s_on, sums, 0.0), axis=1) - lat_star) / plan.vp, 0.0)
+
+    # The data-parallel group of each stage's layers: every copy's replicas holding its first layer.
+    held = jnp.where(s_on, hs.stage_count * base + extra, 0.0)  # layers of each group of stages
+    hi = jnp.cumsum(held, axis=1)
+    lo = hi - held
+    mid = lo + jnp.where(held > 0, 0.5, 0.0)
+
+    def group_of(x):
+        """Replicas over all copies of the stages holding position ``x`` (a layer, or the
+        embedding at 0 / the head at the end for a stage without layers) and their kinds."""
+        ends = ((x == 0.0) & first) | ((x >= total_layers) & last)
+        inside = s_on & jnp.where(held > 0, (lo <= x) & (x < hi), (x == lo) & ends)
+        n = jnp.sum(jnp.where(inside, hs.pipe_count[:, None] * reps, 0.0))
+        k = jnp.any(jnp.where(inside[..., None], kinds_of_stage, False), axis=(0, 1))
+        return n, k
+
+    n_dp, dp_kinds = jax.vmap(jax.vmap(group_of))(mid)
+    n_dp = jnp.where(s_on, jnp.maximum(n_dp, 1.0), 1.0)
+    cross_dp = jnp.sum(dp_kinds, axis=-1) > 1  # [J, S]
+
+    inflight = jnp.minimum(jnp.broadcast_to((depth[:, None] - start)[..., None], bc), mb)
+    inflight = inflight * (1.0 + (depth3 - 1.0) / (depth3 * plan.vp) * (plan.vp > 1))
+    # Vocabulary matrices of a group's busiest stage: the embedding on the first, the head on the
+    # last; both (one when tied) where one stage is the whole pipeline.
+    alone = first & last & (hs.stage_count <= 1)
+    vocab = jnp.where(alone, 2.0 - model.tied_embeddings, jnp.where(first | last, 1.0, 0.0))
+
+    def rest(system, system_x, lc_, t, tp, n_dp_, pp, layers_, m, infl, vocab_, last_, cross_):
+        p = compute.resolve_kernels(system.device, slot_plan(tp, n_dp_, pp))
+        pipe = PipelineStep(n_micro=m, layers=layers_, bubble_s=0.0, **t)
+        sys_dp = jax.tree.map(lambda a, b: jnp.where(cross_, b, a), system, system_x)
+        dp = dp_comm_s(model, sys_dp, p, cal, pipe, vocab_)
+        states = memory.state_bytes(model, p, layers_, vocab_)
+        oc = optimizer_offload(model, system, p, cal, pipe, states, vocab_)
+        mem = placement(model, system, p, m, states, layers_, infl, jnp.where(last_, 1.0, 0.0))
+        f = stage_flags(model, system, p, m, mem) & ~_STRUCTURE
+        return dict(dp=dp, states=states, oc=oc, mem=mem, flags=f.astype(jnp.int32), plan=p)
+
+    def b3(x):
+        return jnp.broadcast_to(x[..., None], bc)
+
+    rv = jax.vmap(jax.vmap(jax.vmap(rest)))
+    out = rv(sys, sys_x, lc, t_terms, hs.tp, b3(n_dp), depth3, b3(layers), mb, inflight, b3(vocab), b3(last), b3(cross_dp))
+    oc = out["oc"]
+    sync = jnp.where(on, out["dp"] + oc.optimizer_s + oc.exposed_s, 0.0)  # [J, S, R]
+    flat = J * S * R
+    sync_max = jnp.max(sync.reshape(J, S * R), axis=1)
+    pipe_step = jnp.where(p_on, pipe_busy + bubble + sync_max, 0.0)
+    j_star = jnp.argmax(pipe_step)
+    i_sync = jnp.argmax(sync.reshape(J, S * R)[j_star])
+    i_busy = s_star[j_star] * R + r_star[j_star]
+
+    def at(tree, i):
+        return jax.tree.map(lambda a: a.reshape(flat, *a.shape[3:])[j_star * S * R + i], tree)
+
+    tb = at(t_terms, i_busy)
+    m_b = at(mb, i_busy)
+    terms = dict(
+        compute_s=m_b * tb["compute_s"],
+        recompute_s=m_b * tb["recompute_s"],
+        tp_comm_s=m_b * tb["tp_s"],
+        cp_comm_s=m_b * tb["cp_s"],
+        pp_comm_s=m_b * tb["pp_s"],
+        dp_comm_s=at(out["dp"], i_sync),
+        ep_comm_s=m_b * tb["ep_s"],
+        bubble_s=bubble[j_star],
+        optimizer_s=at(oc.optimizer_s, i_sync),
+        offload_s=at(oc.exposed_s, i_sync),
+    )
+    assert tuple(terms) == tuple(STEP_TERMS)
+    step = sum(terms.values())
+
+    # Job-level rates over every slot's GPUs.
+    gpus = jnp.where(on, hs.count * hs.tp * plan.cp * hs.pipe_count[:, None, None] * hs.stage_count[..., None], 0.0)
+    dev = sys.device
+    n_gpus = jnp.sum(gpus)
+    job_plan = dataclasses.replace(plan, n_gpus=n_gpus)
+    usd = jnp.sum(gpus * dev.price_usd_per_hour)
+    power = jnp.sum(gpus * dev.tdp_W)
+    rates = throughput(
+        model,
+        job_plan,
+        step,
+        n_gpus=n_gpus,
+        peak_tflops=jnp.sum(gpus * dev.peak_tflops[..., plan.precision_code]),
+        usd_per_hour=usd,
+        power_W=power,
+    )
+    mem = out["mem"]
+    fit = jnp.where(on, safe_div(mem.hbm / GiB, dev.hbm_capacity_GiB), -1.0).reshape(flat)
+    i_mem = jnp.argmax(fit)
+
+    def at_flat(tree, i):
+        return jax.tree.map(lambda a: a.reshape(flat, *a.shape[3:])[i], tree)
+
+    system_m = at_flat(sys, i_mem)
+    plan_m = dataclasses.replace(at_flat(out["plan"], i_mem), n_gpus=n_gpus)
+    states_m = at_flat(out["states"], i_mem)
+    gp, gp_flags = goodput_terms.goodput(
+        model, system_m, plan_m, states_m, step_s=step, time_to_train_s=rates.time_to_train_s, usd_per_hour=usd, power_W=power
+    )
+    slot_flags = jnp.where(on, out["flags"], 0)
+    flags = _any_flags(slot_flags.reshape(flat)) | gp_flags
+    flags |= jnp.where(layers_ok, 0, int(Infeasible.LAYERS_DIVIDE))
+    flags |= jnp.where(batch_ok, 0, int(Infeasible.BATCH_DIVIDE))
+    flags |= jnp.where(n_gpus > 0, 0, int(Infeasible.GPU_COUNT))
+    mem_m = at_flat(mem, i_mem)
+    need = goodput_terms.memory_tier_need_GiB(plan_m, gp)
+    over = (mem_m.tier_used_GiB + need > mem_m.tier_capacity_GiB) & (need > 0) & (system_m.host.tier_present > 0)
+    flags |= jnp.where(jnp.any(over), int(Infeasible.TIER_CAPACITY), 0)
+    total = breakdown(
+        terms,
+        rates,
+        mem_m,
+        at_flat(oc, i_mem),
+        gp,
+        hbm_capacity_GiB=system_m.device.hbm_capacity_GiB,
+        n_micro=at(mb, i_busy),
+        params=total_params(model),
+        infeasible=flags.astype(jnp.int32),
+    )
+    return HeteroBreakdown(
+        total=total,
+        stage_layers=layers,
+        slot_microbatches=mb,
+        slot_time_s=tau,
+        slot_busy_s=busy,
+        slot_hbm_used_GiB=jnp.where(on, mem.hbm / GiB, 0.0),
+        slot_infeasible=slot_flags,
+        pipe_step_s=pipe_step,
+    )
+
+
+def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=None) -> HeteroSpec:
+    """A :class:`HeteroSpec` of one :class:`hetersim.hplan.HeteroPlan` (host side): the device
+    kinds in the plan's order of first use, each with a scale-up domain no larger than the GPUs
+    of that kind in the cluster (two kinds never share one); the cross network from the kinds'
+    scale-out links and the plan's ``link``."""
+    import numpy as np
+
+    from . import build, hplan as hp
+    from .planfields import AUTO
+
+    kinds = hplan.kinds()
+    cluster = cluster or hplan.gpus()
+    systems = []
+    for k in kinds:
+        entry = catalog.gpu(k)
+        domain = min(float(entry.get("scaleup_domain", 8)), float(cluster.get(k, 1)))
+        systems.append(build.system_spec(entry, catalog.links, scaleup_domain=domain, memory=catalog.memory))
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *systems)
+    link_bw = link_lat = 0.0
+    if hplan.link:
+        link = catalog.link(hplan.link)
+        link_bw, link_lat = float(link["bw_GBps"]) * float(link.get("busbw_eff", 1.0)), float(link["latency_us"])
+        # cross_network multiplies by the slowest kind's bus efficiency; the named link's own
+        # efficiency is folded into its bandwidth above.
+    cross = cross_network(stacked, jnp.ones(len(kinds)), link_bw, link_lat)
+    arrays = {k: np.asarray(v)[0] for k, v in hp.to_arrays([hplan], kinds, shape).items()}
+    sp = hplan.options.get("sp", AUTO)
+    return HeteroSpec(
+        systems=stacked,
+        cross=cross,
+        sp_auto=jnp.asarray(1.0 if sp in (AUTO, None) else 0.0),
+        **{k: jnp.asarray(v) for k, v in arrays.items()},
+    )
+
+
+def common_plan(hplan, seq_len: int) -> Plan:
+    """The plan fields every replica shares, as a :class:`Plan` (tp, pp, dp, n_gpus placeholders
+    that :func:`simulate_plan` replaces per slot)."""
+    from . import build
+
+    opts = {k: v for k, v in hplan.options.items()}
+    opts.setdefault("seq_len", seq_len)
+    return build.plan_spec(n_gpus=1, tp=1, pp=1, cp=opts.pop("cp", 1), **{k: v for k, v in opts.items()})
