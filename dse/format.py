@@ -246,6 +246,8 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
         _print_stack(con, r["stack"])
     if r.get("groups"):
         print_groups(con, r["groups"])
+    if r.get("stages"):
+        print_stages(con, r["stages"])
 
     step = r["step_time_s"]
     t = Table(title="Step time", title_justify="left")
@@ -443,6 +445,29 @@ def catalog_table(section: str, entries: Mapping[str, Mapping[str, Any]]) -> Tab
     for key, entry in entries.items():
         t.add_row(key, *(_cell(entry.get(field)) for field, _ in columns))
     return t
+
+
+def print_stages(con: Console, rows: list[Mapping[str, Any]]) -> None:
+    """The stages of a heterogeneous plan: per replica group its kind, TP, layers, share, memory."""
+    t = Table(title="Stages (per replica group)", title_justify="left")
+    cols = ("pipeline", "stage", "gpu", "tp", "replicas", "layers", "micro-batches", "stage s", "busy s", "HBM GiB")
+    for column in (*cols, "verdict"):
+        t.add_column(column, justify="left" if column in ("gpu", "verdict") else "right")
+    for g in rows:
+        t.add_row(
+            f"{g['pipeline']} (x{g['copies']})",
+            str(g["stage"]),
+            g["gpu"],
+            str(g["tp"]),
+            str(g["replicas"]),
+            str(g["layers"]),
+            str(g["microbatches"]),
+            f"{g['stage_time_s']:.4f}",
+            f"{g['busy_s']:.3f}",
+            f"{g['hbm_used_GiB']:.1f}",
+            "; ".join(g["infeasible"]) or "fits",
+        )
+    con.print(t)
 
 
 def print_groups(con: Console, groups: list[Mapping[str, Any]]) -> None:

@@ -47,7 +47,9 @@ def _compiled(name: str):
     from .cluster import simulate_cluster
     from .simulate import simulate
 
-    return jax.jit({"simulate": simulate, "cluster": simulate_cluster}[name])
+    from .hsim import simulate_plan
+
+    return jax.jit({"simulate": simulate, "cluster": simulate_cluster, "plan": simulate_plan}[name])
 
 
 def default_calibration():
@@ -133,6 +135,7 @@ def configure(
     cxl_pool: str | None = None,
     cxl_p2p: bool = False,
     calibration: Any = None,
+    plan_file: Any = None,
     **plan: Any,
 ) -> Configuration:
     """Build and evaluate one configuration (see :func:`evaluate`)."""
@@ -141,6 +144,17 @@ def configure(
 
     cat = catalog if isinstance(catalog, Catalog) else load_catalog(list(catalog))
     model_label, model_entry = _model(cat, model)
+    cal = calibration if calibration is not None else default_calibration()
+    if plan_file is not None:
+        from . import hplan
+
+        hp = plan_file if isinstance(plan_file, hplan.HeteroPlan) else hplan.read_plan_file(plan_file)
+        origin = "plan" if isinstance(plan_file, hplan.HeteroPlan) else str(plan_file)
+        if overrides or cxl_expander or cxl_pool or cxl_p2p or layers_per_stage:
+            raise FieldError("{0} describes every stage; give extra hardware with {1} files", "plan_file", "catalog")
+        return configure_plan(cat, model_label, model_entry, hp, cluster, plan, cal, origin)
+    if cluster is not None and (layers_per_stage or _straddles(cluster, plan, hetero)):
+        return _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage, plan, cal)
     gpu_label, gpu_entry, groups = _hardware(cat, gpu, cluster, plan.get("n_gpus"), overrides)
     if layers_per_stage and groups is None:
         raise FieldError("{0} sets the layers of each {1} group; give {1} KIND:N,KIND:N or leave it out",
@@ -151,7 +165,6 @@ def configure(
     resolved = _resolved(plan, plan_s)
     for entry in [gpu_entry] if groups is None else [e for e, _ in groups]:
         _check_kernel(entry, plan_s)
-    cal = calibration if calibration is not None else default_calibration()
     m = build.model_spec(model_entry)
     if groups is not None:
         from .cluster import check_plan, cluster_spec
@@ -176,6 +189,133 @@ def configure(
     out = _compiled("simulate")(m, system, plan_s, cal)
     itv = step_time_interval(cat, [gpu_entry], resolved, out.step_time_s)
     return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out, interval=itv)
+
+
+def _cluster_groups(text: str) -> list[tuple[str, int]]:
+    out = []
+    for part in text.split(","):
+        kind, sep, count = part.strip().partition(":")
+        if not sep or not count.strip().isdigit() or int(count) <= 0:
+            raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
+        out.append((kind.strip(), int(count)))
+    return out
+
+
+def _straddles(cluster: str, plan: Mapping[str, Any], hetero: str) -> bool:
+    """Whether ``--hetero pipeline`` puts a stage across two groups (data parallelism across kinds
+    inside a stage), which only the general plan expresses."""
+    if hetero != "pipeline":
+        return False
+    tp, cp, pp = (int(plan.get(k) or 1) for k in ("tp", "cp", "pp"))
+    total = sum(c for _, c in _cluster_groups(cluster))
+    dp = plan.get("dp") or (total // max(tp * cp * pp, 1))
+    unit = tp * cp * int(dp)
+    return any(c % unit for _, c in _cluster_groups(cluster)) and total == unit * pp
+
+
+def _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage, plan, cal):
+    """``--cluster`` with a per-stage layer split or stages that straddle two kinds: the
+    general plan (:func:`hetersim.hplan.from_shorthand`) evaluated."""
+    from . import hplan
+
+    groups = _cluster_groups(cluster)
+    for kind, _ in groups:
+        cat.gpu(kind)
+    total = sum(c for _, c in groups)
+    n = plan.get("n_gpus")
+    if n is not None and int(n) != total:
+        raise FieldError(f"{{0}} {n} must equal the {{1}} total {total}", "n_gpus", "cluster")
+    tp, cp, pp = (int(plan.get(k) or 1) for k in ("tp", "cp", "pp"))
+    dp = int(plan.get("dp") or total // max(tp * cp * pp, 1))
+    if hetero == "pipeline" and tp * cp * dp * pp != total:
+        raise FieldError(f"{{0}} {total} is not tp*cp*dp*pp = {tp * cp * dp * pp}", "cluster")
+    layers = int(model_entry.get("layers", 0) or 0) + int(model_entry.get("mtp_layers", 0) or 0)
+    common = {k: v for k, v in plan.items() if k not in hplan.STRUCTURAL and v is not None}
+    hp = hplan.from_shorthand(
+        groups, tp=tp, pp=pp, dp=dp, cp=cp, mode=hetero, layers_per_stage=layers_per_stage, n_layers=layers,
+        options=common,
+    )  # fmt: skip
+    return configure_plan(cat, model_label, model_entry, hp, cluster, {}, cal, "cluster")
+
+
+def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origin: str) -> Configuration:
+    """A heterogeneous plan (:mod:`hetersim.hplan`) built, checked and evaluated; ``given``: plan
+    fields from flags (they may add to the file's, not contradict them)."""
+    from . import build, hplan, hsim
+
+    # A flag at its registry default (the CLI fills every one) leaves the file's value alone.
+    given = {k: v for k, v in given.items() if v is not None and not _is_default(k, v)}
+    for k in hplan.STRUCTURAL:
+        if k in given and k != "n_gpus":
+            raise FieldError("{0} is set per replica or by the stages of {1}; leave it out", k, "plan_file")
+    opts = dict(hp.options)
+    for k, v in given.items():
+        if k in hplan.STRUCTURAL:
+            continue
+        if k in opts and opts[k] != v:
+            raise FieldError(f"{{0}} {v!r} contradicts the plan file's {opts[k]!r}", k)
+        opts[k] = v
+    if opts.get("global_batch") is None:
+        raise FieldError("{0} is required (give it, or global_batch in the plan file)", "global_batch")
+    hp = dataclasses.replace(hp, options=opts)
+    text = cluster or hp.cluster
+    counts = hplan.parse_cluster_counts(text) if text else hp.gpus()
+    entries = [cat.gpu(k) for k in counts]
+    hplan.check(hp, model_entry, counts, origin)
+    used = hp.gpus()
+    if given.get("n_gpus") is not None and int(given["n_gpus"]) != sum(used.values()):
+        raise FieldError(f"{{0}} {given['n_gpus']} contradicts the plan's {sum(used.values())} GPUs", "n_gpus")
+    seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
+    plan_s = hsim.common_plan(hp, seq)
+    for k in hp.kinds():
+        _check_kernel(cat.gpu(k), plan_s)
+    m = build.model_spec(model_entry)
+    hs = hsim.hetero_spec(hp, cat, counts)
+    out = _compiled("plan")(m, hs, plan_s, cal)
+    defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
+    resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
+    resolved.update(tp=None, pp=None, dp=None, plan=hp.as_dict())
+    rows = stage_rows(hp, out)
+    label = ",".join(f"{k}:{n}" for k, n in counts.items())
+    itv = step_time_interval(cat, entries, resolved, out.total.step_time_s)
+    return Configuration(model_label, label, resolved, (m, hs, plan_s, cal), out.total, rows, out, itv)
+
+
+def _is_default(name: str, value: Any) -> bool:
+    default = DEFAULTS.get(name, object())
+    if name == "offload":
+        return not value
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 - arrays and the like are never a default
+        return False
+
+
+def stage_rows(hp, out) -> list[dict[str, Any]]:
+    """One row per replica group of every stage of a heterogeneous plan's breakdown."""
+    from .types import Infeasible
+
+    rows = []
+    for j, p in enumerate(hp.pipelines):
+        for s, st in enumerate(p.stages):
+            for r, rep in enumerate(st.replicas):
+                rows.append(
+                    {
+                        "pipeline": j,
+                        "copies": p.count,
+                        "stage": s,
+                        "gpu": rep.gpu,
+                        "tp": rep.tp,
+                        "replicas": rep.count,
+                        "layers": int(round(float(out.stage_layers[j, s]))),
+                        "microbatches": int(round(float(out.slot_microbatches[j, s, r]))),
+                        "stage_time_s": float(out.slot_time_s[j, s, r]),
+                        "busy_s": float(out.slot_busy_s[j, s, r]),
+                        "hbm_used_GiB": float(out.slot_hbm_used_GiB[j, s, r]),
+                        "infeasible": Infeasible.describe(int(out.slot_infeasible[j, s, r])),
+                    }
+                )
+    return rows
 
 
 def step_time_interval(catalog, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any], step_time_s):

@@ -201,7 +201,7 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     cost_equal = safe_div(jnp.max(jnp.where(on, per_layer, 0.0), axis=2), reps)
     stage_cost = jnp.where(speed, cost_speed, cost_equal)
     base, extra = jax.vmap(integer_split, in_axes=(None, 0, 0))(total_layers, jnp.where(s_on, hs.stage_count, 0.0), stage_cost)
-    balanced = jnp.any(hs.stage_layers < 0, axis=1, keepdims=True)
+    balanced = jnp.any(s_on & (hs.stage_layers < 0), axis=1, keepdims=True)
     base = jnp.where(balanced, base, jnp.maximum(hs.stage_layers, 0.0))
     extra = jnp.where(balanced, extra, 0.0)
     layers = jnp.where(s_on, base + (extra > 0), 0.0)  # the busiest stage of each group

@@ -53,10 +53,13 @@ def configuration(
     from hetersim import api
 
     rest = fold_switches(rest)
+    plan_file = rest.get("plan_file")
     for flag, value in (("--gpus", gpus), ("--global-batch", global_batch)):
-        if value is None:
+        if value is None and plan_file is None:
             raise ValueError(f"missing option {flag} (give it, or a --recipe that names it)")
-    if (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
+    if plan_file is not None and (rest.get("gpu") is not None or gpu is not None):
+        raise ValueError("--plan names the device kind of every replica; leave --gpu out (--cluster may give the GPUs there are)")
+    if plan_file is None and (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))
     if system is not None:
@@ -97,7 +100,7 @@ def evaluate(**options: Any) -> None:
     result = fmt.evaluation(built.breakdown, STEP_TERMS, header, built.interval)
     result["stack"] = fmt.stack_summary(built.plan)
     if built.groups is not None:
-        result["groups"] = built.groups
+        result["stages" if built.groups and "stage" in built.groups[0] else "groups"] = built.groups
     if as_json:
         typer.echo(fmt.dumps(result))
     else:

@@ -29,6 +29,7 @@ FIELD_FLAGS = {
     "cluster": "--cluster",
     "hetero": "--hetero",
     "layers_per_stage": "--layers-per-stage",
+    "plan_file": "--plan",
     "set": "--set",
     "cxl": "--cxl-*",
     "gpu": "--gpu",
@@ -208,7 +209,16 @@ HARDWARE_OPTIONS = {
     "layers_per_stage": (
         list[int],
         typer.Option(
-            [], "--layers-per-stage", help="Fix the layers per stage of each --cluster group (default: balanced)."
+            [], "--layers-per-stage", help="Fix the layers of each pipeline stage (one per stage, or one per --cluster group; default: balanced)."
+        ),
+    ),
+    "plan_file": (
+        Path | None,
+        typer.Option(
+            None,
+            "--plan",
+            help="A heterogeneous plan file (TOML/JSON): stages, their layers, and per replica the device kind "
+            "and TP (instead of --gpu/--tp/--pp/--dp; see docs/plans.md).",
         ),
     ),
     "cxl_expander": (
