@@ -269,6 +269,7 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     plan_s = hsim.common_plan(hp, seq)
     for k in hp.kinds():
         _check_kernel(cat.gpu(k), plan_s)
+        _check_precision(cat.gpu(k), k, plan_s)
     m = build.model_spec(model_entry)
     hs = hsim.hetero_spec(hp, cat, counts)
     out = _compiled("plan")(m, hs, plan_s, cal)
@@ -334,6 +335,16 @@ def step_time_interval(catalog, entries: Sequence[Mapping[str, Any]], plan: Mapp
     }
     low, high = intervals.bounds(model, float(step_time_s), flags)
     return float(low), float(high)
+
+
+def _check_precision(entry: Mapping[str, Any], key: str, plan_s: Any) -> None:
+    """Refuse a precision a kind of a heterogeneous plan has no peak for (never priced at zero)."""
+    from . import build
+    from .types import Precision
+
+    code = int(plan_s.precision_code)
+    if float(build.device_spec(entry).peak_tflops[code]) <= 0:
+        raise FieldError(f"{{0}} {Precision(code).label}: {key} has no such peak (its catalog entry); use another", "precision")
 
 
 def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:

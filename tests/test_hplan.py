@@ -4,6 +4,7 @@ physics of stages whose replicas sit on different device kinds."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import jax
 import pytest
@@ -259,3 +260,45 @@ def test_shorthand_stage_across_two_kinds_and_per_stage_layers(catalog):
     res = run([*data, "--layers-per-stage", "10", "--layers-per-stage", "22"])
     assert res.exit_code == 0, res.stdout
     assert sorted({r["layers"] for r in json.loads(res.stdout)["stages"]}) == [10, 22]
+
+
+# --------------------------------------------------------------------------------------------
+# The published mixed-GPU systems' plans, written in the plan format
+# --------------------------------------------------------------------------------------------
+
+PLANS = Path(__file__).parent / "data" / "plans"
+PAPER_MODELS = {  # dimensions as each plan's source states them (see the files' headers)
+    "amp": dict(layers=24, hidden=1024, heads=16, vocab=52256, mlp="plain", seq_len=1024),  # GPT-2 medium
+    "sailor": dict(layers=24, hidden=1024, heads=16, vocab=50272, mlp="plain", seq_len=2048),  # OPT-350M
+    "metis": dict(layers=8, hidden=4096, heads=32, vocab=51200, mlp="plain", seq_len=1024),  # Metis' GPT "1.5B"
+    "flashflex": dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096),  # Llama-2 7B
+}
+
+
+@pytest.mark.parametrize("system", sorted(PAPER_MODELS))
+def test_every_published_mixed_gpu_plan_is_written_in_the_plan_format(system, cal):
+    """AMP (rank-ordered stages over V100 and T4 nodes), Sailor (stages whose TP-8 replicas sit on
+    two kinds each), Metis (a stage with T4 and A100 replicas sharing the batch by speed) and
+    FlashFlex (four copies of a ten-stage pipeline with its own layer split) all parse, pass the
+    checks against the model and their cluster, and run."""
+    from hetersim.catalog import load_catalog, model_from_dims
+
+    catalog = load_catalog([PLANS / "kinds.toml"])
+    hp = hplan.read_plan_file(PLANS / f"{system}.toml")
+    dims = PAPER_MODELS[system]
+    entry = model_from_dims(**dims)
+    counts = hplan.parse_cluster_counts(hp.cluster)
+    hplan.check(hp, entry, counts, system)
+    assert hp.gpus() == counts  # every GPU of the paper's cluster has its place
+    m = build.model_spec(entry)
+    hs = hsim.hetero_spec(hp, catalog, counts, shape=(1, 10, 2))
+    out = _sim_plan()(m, hs, hsim.common_plan(hp, dims["seq_len"]), cal)
+    layout = Infeasible.LAYERS_DIVIDE | Infeasible.BATCH_DIVIDE | Infeasible.GPU_COUNT | Infeasible.HEADS_DIVIDE
+    layout = int(layout | Infeasible.PRECISION | Infeasible.KERNEL)
+    assert int(out.total.infeasible) & layout == 0, Infeasible.describe(int(out.total.infeasible))
+    assert 0 < float(out.total.step_time_s) < 1e4 and 0 < float(out.total.mfu) < 1
+    kinds_per_stage = [{r.gpu for r in s.replicas} for p in hp.pipelines for s in p.stages]
+    if system in ("sailor", "metis"):
+        assert len(kinds_per_stage[0]) == 2  # data parallelism across kinds inside a stage
+    if system == "flashflex":
+        assert hp.pipelines[0].count == 4 and len(hp.pipelines[0].stages) == 10
