@@ -17,7 +17,7 @@ from hetersim import build
 from hetersim.catalog.models import model_from_hf_config
 from hetersim.pytree import replace
 from hetersim.simulate import simulate
-from hetersim.terms import flops, moe
+from hetersim.terms import flops, memory, moe
 
 from .conftest import make
 
@@ -284,3 +284,32 @@ def test_ep_and_etp_are_study_axes_and_layouts_of_the_optimizers_inner_solve():
     layouts = [describe_layout(rows, i, 64) for i in range(len(rows["ep"]))]
     assert {(d["ep"], d["etp"]) for d in layouts} == {(e, t) for e in (1, 4, 8) for t in (1, 2)}
     assert {d["dispatcher"] for d in layouts} == {"alltoall", "deepep"}
+
+
+def test_the_mla_up_proj_recompute_module_stores_no_up_projected_qkv(catalog, cal):
+    """Megatron's ``mla_up_proj`` recompute module (Megatron-LM multi_latent_attention.py
+    ``recompute_up_proj``): under selective recomputation DeepSeek-V3 drops its up-projected
+    query, key and value, 2*a*(2*(d + d_r) + d_v) bytes per token and layer (a = 128, d = 128,
+    d_r = 64, d_v = 128: 131072), keeps the experts' activation outputs (``moe_act`` is not among
+    the modules) and rebuilds two small up-projection GEMMs instead of the attention core."""
+    kw = dict(n_gpus=256, pp=16, ep=8, global_batch=512, precision="bf16")
+    model, system, plan = _moe(catalog, "deepseek-v3", recompute="selective", **kw)
+    up = replace(plan, mla_up_proj=plan.mla_up_proj * 0 + 1)
+    a, b = sim(model, system, plan, cal), sim(model, system, up, cal)
+    stored, _ = memory.layer_activation_bytes(model, plan)
+    stored_up, _ = memory.layer_activation_bytes(model, up)
+    tokens = 4096.0
+    routed = float(moe.routed_tokens(model, up))
+    # The attention part: 131072 bytes per token less. The dense layers' MLP now stores its
+    # activation output (2 bytes x ffn_hidden per token).
+    assert float(stored - stored_up) == pytest.approx(tokens * (131072.0 - 2.0 * 18432.0), rel=1e-6)
+    delta, _ = memory.moe_activation_delta(model, plan, routed, float(moe.local_tokens(plan)))
+    delta_up, _ = memory.moe_activation_delta(model, up, routed, float(moe.local_tokens(up)))
+    expected = 2.0 * (routed * 2048.0 - tokens * 18432.0 + tokens * 2048.0)  # experts', shared's, less the dense's
+    assert float(delta_up - delta) == pytest.approx(expected, rel=1e-6)
+    assert float(b.recompute_s) < float(a.recompute_s)
+    # Without MLA the module has nothing to do: the same step, the same memory.
+    m2, s2, p2 = _moe(catalog, "qwen3-30b-a3b", recompute="selective")
+    q = replace(p2, mla_up_proj=p2.mla_up_proj * 0 + 1)
+    assert float(sim(m2, s2, q, cal).step_time_s) == float(sim(m2, s2, p2, cal).step_time_s)
+    assert float(sim(m2, s2, q, cal).hbm_used_GiB) == float(sim(m2, s2, p2, cal).hbm_used_GiB)

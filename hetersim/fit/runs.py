@@ -204,7 +204,10 @@ TOKEN_DROP_IMBALANCE = 1.0
 # names (WorkloadBaseConfig.moe_a2a_overlap at the tag of that container, kept only where the
 # preset's expert-parallel size and micro-batch are the row's; each line cites its preset and
 # commit). A row's own ``ep_overlap`` / ``dispatcher`` columns override; a run in neither runs
-# Megatron-Core's defaults: no overlap, the alltoall dispatcher.
+# Megatron-Core's defaults: no overlap, the alltoall dispatcher. ``recompute_modules`` is the same
+# preset's WorkloadBaseConfig.recompute_modules at that tag (space-separated; empty: none set):
+# ``mla_up_proj`` among them sets the plan's ``mla_up_proj`` (a selective run rebuilds MLA's up
+# projections, not the attention core).
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
     return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
@@ -249,6 +252,7 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         ep_overlap=bool(overlap),
         dispatcher=dispatcher,
         moe_imbalance=_imbalance(routing, f.get("notes") or ""),
+        mla_up_proj="mla_up_proj" in (config.get("recompute_modules") or "").split(),
     )
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from .. import stacks
 from ..pytree import replace
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
-from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision
+from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision, Recompute
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
@@ -117,6 +117,28 @@ def attn_gemm_shapes(m: ModelSpec, plan: Plan):
         (T, a * (m.head_dim + m.v_head_dim) / t, m.kv_lora_rank, jnp.where(mla, 1.0, 0.0)),  # MLA kv up
         (T, h, a * m.v_head_dim / t, one),  # attention output projection
     ]
+
+
+def mla_up_recompute(m: ModelSpec, plan: Plan):
+    """True where selective recomputation runs Megatron-Core's ``mla_up_proj`` recompute module
+    instead of its default (the attention core): MLA's query and key/value up projections and
+    RoPE run again in the backward from the stored latents, and the up-projected query, key and
+    value are not stored (``MLASelfAttention``: ``recompute_up_proj`` wraps the up projections in
+    a ``CheckpointWithoutOutput`` whose output is discarded once the attention core has used it;
+    Megatron-LM ``megatron/core/transformer/multi_latent_attention.py``, README "recompute
+    modules", NVIDIA/Megatron-LM@d98e8a64). Only a model with MLA reads it (static branch)."""
+    selective = plan.recompute_code == Recompute.SELECTIVE
+    return selective & (plan.mla_up_proj > 0) & (m.kv_lora_rank > 0)
+
+
+def mla_up_proj_fwd_s(dev, cal, m: ModelSpec, plan: Plan):
+    """The recomputed part of the ``mla_up_proj`` module: the query and key/value up-projection
+    GEMMs (:func:`attn_gemm_shapes`) and RoPE on the query's and the key's rotary parts."""
+    shapes = attn_gemm_shapes(m, plan)
+    up = gemms_fwd_s(dev, cal, plan, [shapes[1], shapes[3]])
+    rope_width = (m.heads / plan.tp + 1.0) * m.rope_head_dim  # rotary query heads, the shared rotary key
+    rope_bytes = tokens(plan) * act_bytes(plan) / 2.0 * _by_fusion(ROPE_BYTES, eager(plan)) * rope_width
+    return up + stream_s(dev, cal, rope_bytes, 2.0 * _by_fusion(ROPE_KERNELS, eager(plan)))
 
 
 def mlp_gemm_shapes(m: ModelSpec, plan: Plan, width=None, T=None):
