@@ -17,7 +17,7 @@ from hetersim import build
 from hetersim.catalog.models import model_from_hf_config
 from hetersim.pytree import replace
 from hetersim.simulate import simulate
-from hetersim.terms import flops, memory, moe
+from hetersim.terms import compute, flops, memory, moe
 
 from .conftest import make
 
@@ -313,3 +313,27 @@ def test_the_mla_up_proj_recompute_module_stores_no_up_projected_qkv(catalog, ca
     q = replace(p2, mla_up_proj=p2.mla_up_proj * 0 + 1)
     assert float(sim(m2, s2, q, cal).step_time_s) == float(sim(m2, s2, p2, cal).step_time_s)
     assert float(sim(m2, s2, q, cal).hbm_used_GiB) == float(sim(m2, s2, p2, cal).hbm_used_GiB)
+
+
+def test_per_expert_launches_leave_sms_idle_and_one_grouped_kernel_does_not(catalog, cal):
+    """Transformer Engine's GroupedLinear launches a cuBLAS GEMM per local expert on 4 streams
+    (cublaslt_gemm.cu ``multi_stream_cublas_gemm``): with 16 experts of 512 tokens each on an
+    H100 (132 SMs), Qwen3-30B's up projection (N = 1536) has 4 x 6 = 24 output tiles per expert,
+    96 on the SMs at a time: 96/132 of them busy. One grouped kernel runs all 384 tiles in three
+    waves (384/396). The grouped kernel is never slower, and equal for one expert."""
+    model, system, plan = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=8, global_batch=16)
+    dev = system.device
+    fused = replace(plan, fused_experts=plan.fused_experts * 0 + 1)
+    count, kernels, concurrent = (float(x) for x in moe.expert_launches(model, plan))
+    assert (count, kernels, concurrent) == (16.0, 16.0, 4.0)
+    assert [float(x) for x in moe.expert_launches(model, fused)] == [16.0, 1.0, 16.0]
+    assert float(compute.wave_eff(dev, 512.0, 1536.0, 4.0)) == pytest.approx(96.0 / 132.0)
+    assert float(compute.wave_eff(dev, 512.0, 1536.0, 16.0)) == pytest.approx(384.0 / 396.0)
+    for s in (1024, 4096, 32768):
+        p = replace(plan, seq_len=plan.seq_len * 0 + s)
+        f = replace(fused, seq_len=fused.seq_len * 0 + s)
+        assert float(moe.experts_fwd_s(dev, cal, model, f)) <= float(moe.experts_fwd_s(dev, cal, model, p))
+        assert float(moe.experts_bwd_s(dev, cal, model, f)) <= float(moe.experts_bwd_s(dev, cal, model, p))
+    one = replace(plan, ep=plan.ep * 0 + 128)  # one expert per rank: a single launch either way
+    one_f = replace(one, fused_experts=one.fused_experts * 0 + 1)
+    assert float(moe.experts_fwd_s(dev, cal, model, one)) == float(moe.experts_fwd_s(dev, cal, model, one_f))

@@ -207,7 +207,8 @@ TOKEN_DROP_IMBALANCE = 1.0
 # Megatron-Core's defaults: no overlap, the alltoall dispatcher. ``recompute_modules`` is the same
 # preset's WorkloadBaseConfig.recompute_modules at that tag (space-separated; empty: none set):
 # ``mla_up_proj`` among them sets the plan's ``mla_up_proj`` (a selective run rebuilds MLA's up
-# projections, not the attention core).
+# projections, not the attention core). ``fused_experts`` is the preset's cutedsl_fused_grouped_mlp
+# (1: the experts' GEMMs in one grouped kernel; 0 or empty: Transformer Engine's per-expert GEMMs).
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
     return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
@@ -253,6 +254,7 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         dispatcher=dispatcher,
         moe_imbalance=_imbalance(routing, f.get("notes") or ""),
         mla_up_proj="mla_up_proj" in (config.get("recompute_modules") or "").split(),
+        fused_experts=(config.get("fused_experts") or "0").strip() == "1",
     )
 
 

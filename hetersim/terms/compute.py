@@ -71,14 +71,16 @@ def wave_eff(dev: DeviceSpec, M, N, batch=1.0):
     return tiles * inv_sms / waves
 
 
-def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None):
+def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None, concurrent=None):
     """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
-    per GEMM; a batched GEMM is one launch)."""
+    per GEMM; a batched GEMM is one launch), ``concurrent`` of them sharing the SMs at a time
+    (default ``count / kernels``: the GEMMs of one launch)."""
     flops = 2.0 * M * N * K
     in_bytes = gemm_input_bytes(plan)
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
     kernels = count if kernels is None else kernels
-    t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, count / kernels), 1e9)
+    concurrent = count / kernels if concurrent is None else concurrent
+    t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, concurrent), 1e9)
     t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
     return count * jnp.maximum(t_flops, t_mem) + kernels * cal.kernel_overhead_us * US
 
@@ -159,18 +161,18 @@ def layer_gemm_shapes(m: ModelSpec, plan: Plan):
     return attn_gemm_shapes(m, plan) + mlp_gemm_shapes(m, plan)
 
 
-def gemms_fwd_s(dev, cal, plan, shapes, count=1.0, kernels=None):
-    """Forward GEMMs of ``shapes`` (M, N, K, present), each ``count`` times in ``kernels`` launches
-    (:func:`gemm_s`; a grouped GEMM over ``count`` experts is one launch)."""
-    return sum(p * gemm_s(dev, cal, plan, M, N, K, count, kernels) for (M, N, K, p) in shapes)
+def gemms_fwd_s(dev, cal, plan, shapes, count=1.0, kernels=None, concurrent=None):
+    """Forward GEMMs of ``shapes`` (M, N, K, present), each ``count`` times in ``kernels`` launches,
+    ``concurrent`` at a time (:func:`gemm_s`)."""
+    return sum(p * gemm_s(dev, cal, plan, M, N, K, count, kernels, concurrent) for (M, N, K, p) in shapes)
 
 
-def gemms_bwd_s(dev, cal, plan, shapes, count=1.0, kernels=None):
+def gemms_bwd_s(dev, cal, plan, shapes, count=1.0, kernels=None, concurrent=None):
     """Backward: a data-gradient and a weight-gradient GEMM per forward GEMM."""
     total = 0.0
     for M, N, K, p in shapes:
-        dgrad = gemm_s(dev, cal, plan, M, K, N, count, kernels)
-        total = total + p * (dgrad + gemm_s(dev, cal, plan, K, N, M, count, kernels))
+        dgrad = gemm_s(dev, cal, plan, M, K, N, count, kernels, concurrent)
+        total = total + p * (dgrad + gemm_s(dev, cal, plan, K, N, M, count, kernels, concurrent))
     return total
 
 
