@@ -337,3 +337,14 @@ def test_per_expert_launches_leave_sms_idle_and_one_grouped_kernel_does_not(cata
     one = replace(plan, ep=plan.ep * 0 + 128)  # one expert per rank: a single launch either way
     one_f = replace(one, fused_experts=one.fused_experts * 0 + 1)
     assert float(moe.experts_fwd_s(dev, cal, model, one)) == float(moe.experts_fwd_s(dev, cal, model, one_f))
+
+
+def test_an_mla_row_with_assumed_recompute_tries_the_mla_up_proj_module_before_full(catalog):
+    """Validation's substitutions for a DeepSeek-V3 row whose recompute is assumed: none, the
+    default selective modules, selective with mla_up_proj (stores less), then full."""
+    from hetersim.fit.runs import candidates, read_runs, row_inputs
+
+    row = next(r for r in read_runs(MOE_RUNS) if r.id.startswith("mb059-deepseek-v3"))
+    assert "recompute" in row.fields["assumed"]
+    got = [(c["recompute"], bool(c.get("mla_up_proj"))) for c in candidates(row, row_inputs(row, catalog))]
+    assert got[:4] == [("none", False), ("selective", False), ("selective", True), ("full", False)]

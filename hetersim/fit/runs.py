@@ -348,7 +348,9 @@ def row_system(row: Row | None, inputs: Mapping[str, Any], catalog, path, cxl: M
 # Assumed discrete columns are the curator's guess ("the usual default of that stack"). Where a
 # row is infeasible as written, validate tries the other values of an assumed column, from the
 # one that saves least memory on, and keeps the first that runs: a real run ran, so it did not
-# use a layout that cannot fit.
+# use a layout that cannot fit. For a model with MLA, selective recomputation with the mla_up_proj
+# module (what 16 of the 19 Megatron-Bridge DeepSeek-V3 presets behind moe_run_configs.csv
+# recompute) comes between selective and full: it stores less than the first, more than the second.
 ALTERNATIVES = {"recompute": ("none", "selective", "full")}
 
 
@@ -359,11 +361,16 @@ def candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     plan = inputs["plan"]
     assumed = {c.strip() for c in row.fields["assumed"].split(";")}
 
+    mla = float(inputs["model"].get("kv_lora_rank") or 0) > 0
+
     def variants(base):
         out = [dict(base)]
         for col, values in ALTERNATIVES.items():
             if col in assumed and base[col] in values:
                 for v in values[values.index(base[col]) + 1 :]:
+                    if col == "recompute" and v == "full" and mla and not base.get("mla_up_proj"):
+                        # Between the two: the module the Megatron-Bridge DeepSeek-V3 presets name.
+                        out.append(dict(base, recompute="selective", mla_up_proj=True))
                     out.append(dict(base, **{col: v}))
         return out
 
