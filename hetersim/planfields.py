@@ -123,6 +123,11 @@ _FUSED_HELP = (
     "Routed experts in one grouped kernel (Megatron-Bridge's cutedsl_fused_grouped_mlp); off: Transformer "
     "Engine's GroupedLinear default, a cuBLAS GEMM per local expert on 4 streams."
 )
+_LAYOUT_NAME = "an explicit pipeline layout places the layers (interleaved chunks of unequal size)"
+_LAYOUT_HELP = (
+    "Megatron-Core's pipeline_model_parallel_layout (MoE models): interleaved chunks may hold different numbers "
+    "of layers, at most ceil(layers / (pp*vp)) each, so the layers need not divide pp*vp."
+)
 _MLA_NAME = "selective recomputation rebuilds MLA's up projections instead of the attention core"
 _MLA_HELP = (
     "Selective recomputation of Megatron-Core's --recompute-modules mla_up_proj: MLA's query and key/value up "
@@ -221,6 +226,7 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("moe_imbalance", "float", 1.0, _IMB_NAME, hi=1.0e3, help=_IMB_HELP),
     PlanField("mla_up_proj", "bool", False, _MLA_NAME, help=_MLA_HELP),
     PlanField("fused_experts", "bool", False, _FUSED_NAME, help=_FUSED_HELP),
+    PlanField("pp_layout", "bool", False, _LAYOUT_NAME, help=_LAYOUT_HELP),
     PlanField(
         "zero",
         "int",

@@ -124,7 +124,10 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     # schedule needs layers_split_for_interleaving.
     layers = memory.stack_layers(model)  # multi-token-prediction layers are pipelined like the others
     f |= _flag(layers < plan.pp * plan.vp, Infeasible.LAYERS_DIVIDE)
-    f |= _flag((plan.vp > 1) & ~layers_split_for_interleaving(layers, plan.pp * plan.vp), Infeasible.LAYERS_DIVIDE)
+    uneven = (plan.vp > 1) & ~layers_split_for_interleaving(layers, plan.pp * plan.vp)
+    if model.extra is not None:  # an explicit layout places unequal chunks (read for MoE models only)
+        uneven = uneven & ~(plan.pp_layout > 0)
+    f |= _flag(uneven, Infeasible.LAYERS_DIVIDE)
     f |= _flag(_not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
     f |= _flag(
         _not_multiple(model.hidden, plan.tp) | _not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE

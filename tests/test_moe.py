@@ -348,3 +348,16 @@ def test_an_mla_row_with_assumed_recompute_tries_the_mla_up_proj_module_before_f
     assert "recompute" in row.fields["assumed"]
     got = [(c["recompute"], bool(c.get("mla_up_proj"))) for c in candidates(row, row_inputs(row, catalog))]
     assert got[:4] == [("none", False), ("selective", False), ("selective", True), ("full", False)]
+
+
+def test_an_explicit_pipeline_layout_runs_kimi_k2_as_pp4_vp4(catalog, cal):
+    """Kimi-K2's 61 layers do not split into 16 equal chunks (nor 62 or 63 with the embedding and
+    the loss); Megatron-Bridge's layout for pp4 vp4 (recipes/kimi/kimi_k2.py
+    ``_get_kimi_k2_pipeline_layout``) puts the embedding and 4 layers, 14 x 4, then 1 layer and
+    the loss: an explicit layout lifts the rule, and the busiest stage still holds 4 x 4 layers."""
+    kw = dict(n_gpus=256, pp=4, vp=4, ep=64, global_batch=4096)
+    model, system, plan = _moe(catalog, "kimi-k2", **kw)
+    laid = replace(plan, pp_layout=plan.pp_layout * 0 + 1)
+    assert int(sim(model, system, plan, cal).infeasible) & 4
+    assert not int(sim(model, system, laid, cal).infeasible) & 4
+    assert float(memory.busiest_stage_layers(model, laid)) == 16.0

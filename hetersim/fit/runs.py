@@ -209,6 +209,7 @@ TOKEN_DROP_IMBALANCE = 1.0
 # ``mla_up_proj`` among them sets the plan's ``mla_up_proj`` (a selective run rebuilds MLA's up
 # projections, not the attention core). ``fused_experts`` is the preset's cutedsl_fused_grouped_mlp
 # (1: the experts' GEMMs in one grouped kernel; 0 or empty: Transformer Engine's per-expert GEMMs).
+# ``pp_layout``: the preset's (or its recipe's) explicit pipeline layout, where it sets one.
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
     return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
@@ -255,6 +256,7 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         moe_imbalance=_imbalance(routing, f.get("notes") or ""),
         mla_up_proj="mla_up_proj" in (config.get("recompute_modules") or "").split(),
         fused_experts=(config.get("fused_experts") or "0").strip() == "1",
+        pp_layout=bool((config.get("pp_layout") or "").strip()),
     )
 
 
