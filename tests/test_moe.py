@@ -246,9 +246,9 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 34.5% (README "Mixture of experts"; 25.8% over the 128 rows that run, the 17 that do
+# Today's 24.9% (README "Mixture of experts"; 20.5% over the 137 rows that run, the 8 that do
 # not counting 100% each): a bound against regressions, far from the 12% target.
-MOE_MAPE_BOUND = 36.0
+MOE_MAPE_BOUND = 25.5
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
