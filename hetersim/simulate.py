@@ -405,6 +405,10 @@ def recompute_share(model: ModelSpec, plan: Plan):
     attn_share = 6.0 * plan.seq_len * model.heads * model.head_dim * model.layers / per_token
     layer_share = 1.0 - 6.0 * model.vocab * model.hidden / per_token
     rc = plan.recompute_code
+    if model.extra is not None:  # mla_up_proj rebuilds the up projections (6 = 3 passes, as above)
+        a, d, dr, dv = model.heads, model.head_dim, model.rope_head_dim, model.v_head_dim
+        up = 6.0 * (model.q_lora_rank * a * (d + dr) + model.kv_lora_rank * a * (d + dv)) * model.layers
+        attn_share = jnp.where(compute.mla_up_recompute(model, plan), up / per_token, attn_share)
     return jnp.select([rc == Recompute.FULL, rc == Recompute.SELECTIVE], [layer_share / 3.0, attn_share / 3.0], 0.0)
 
 

@@ -361,3 +361,16 @@ def test_an_explicit_pipeline_layout_runs_kimi_k2_as_pp4_vp4(catalog, cal):
     assert int(sim(model, system, plan, cal).infeasible) & 4
     assert not int(sim(model, system, laid, cal).infeasible) & 4
     assert float(memory.busiest_stage_layers(model, laid)) == 16.0
+
+
+def test_hfu_counts_the_recomputed_up_projections_under_mla_up_proj(catalog, cal):
+    """HFU = MFU * (1 + recomputed FLOPs / model FLOPs): under the mla_up_proj module the
+    recomputed forward is the query and key/value up projections, per token and layer
+    2*(q_lora*a*(d + d_r) + kv_lora*a*(d + d_v))."""
+    from hetersim.simulate import recompute_share
+
+    model, _, plan = _moe(catalog, "deepseek-v3", n_gpus=256, pp=16, recompute="selective")
+    up = replace(plan, mla_up_proj=plan.mla_up_proj * 0 + 1)
+    per_token = float(flops.model_flops_per_token(model, 4096))
+    expected = 2.0 * (1536 * 128 * 192 + 512 * 128 * 256) * 61 / per_token
+    assert float(recompute_share(model, up)) == pytest.approx(expected, rel=1e-5)
