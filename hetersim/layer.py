@@ -91,6 +91,9 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     # function's output, which it does not store (memory.layer_activation_bytes).
     rc = plan.recompute_code
     selective = attn_f + jnp.where(plan.attention_code != Attention.MATERIALIZED, act_fn_s, 0.0)
+    if model.extra is not None:  # MLA's up projections instead of the attention core (mla_up_proj)
+        mla_up = compute.mla_up_proj_fwd_s(dev, cal, model, plan)
+        selective = jnp.where(compute.mla_up_recompute(model, plan), mla_up, selective)
     recomp = jnp.where(
         rc == Recompute.FULL, layer_f + tp_f + cp_f, jnp.where(rc == Recompute.SELECTIVE, selective, 0.0)
     )
@@ -136,6 +139,9 @@ def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str,
     ep_b = jnp.where(overlap, pos(ep_pass - moe_f), ep_pass)
     moe_selective = attn_f + jnp.where(
         plan.attention_code != Attention.MATERIALIZED, moe.moe_act_fn_s(dev, cal, model, plan), 0.0
+    )
+    moe_selective = jnp.where(
+        compute.mla_up_recompute(model, plan), compute.mla_up_proj_fwd_s(dev, cal, model, plan), moe_selective
     )
     moe_recomp = jnp.where(
         rc == Recompute.FULL,

@@ -118,6 +118,21 @@ _EPO_HELP = "Megatron-Core's overlap_moe_expert_parallel_comm (1F1B all-to-all o
 _DISP_NAME = "MoE token dispatcher (alltoall: every copy over NCCL; deepep: once per node, then NVLink)"
 _IMB_NAME = "routed tokens of the busiest expert-parallel rank / the mean"
 _IMB_HELP = "MoE load imbalance: the busiest rank's routed tokens over the mean (1: balanced routing)."
+_FUSED_NAME = "the routed experts' GEMMs run as one grouped kernel, not one cuBLAS GEMM per expert"
+_FUSED_HELP = (
+    "Routed experts in one grouped kernel (Megatron-Bridge's cutedsl_fused_grouped_mlp); off: Transformer "
+    "Engine's GroupedLinear default, a cuBLAS GEMM per local expert on 4 streams."
+)
+_LAYOUT_NAME = "an explicit pipeline layout places the layers (interleaved chunks of unequal size)"
+_LAYOUT_HELP = (
+    "Megatron-Core's pipeline_model_parallel_layout (MoE models): interleaved chunks may hold different numbers "
+    "of layers, at most ceil(layers / (pp*vp)) each, so the layers need not divide pp*vp."
+)
+_MLA_NAME = "selective recomputation rebuilds MLA's up projections instead of the attention core"
+_MLA_HELP = (
+    "Selective recomputation of Megatron-Core's --recompute-modules mla_up_proj: MLA's query and key/value up "
+    "projections and RoPE are recomputed in the backward and their outputs not stored (no effect without MLA)."
+)
 
 
 FIELDS: tuple[PlanField, ...] = (
@@ -209,6 +224,9 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("ep_overlap", "bool", False, _EPO_NAME, label="epo", axis=True, help=_EPO_HELP),
     PlanField("dispatcher", "choice", "alltoall", _DISP_NAME, label="disp", axis=True, options=Dispatcher),
     PlanField("moe_imbalance", "float", 1.0, _IMB_NAME, hi=1.0e3, help=_IMB_HELP),
+    PlanField("mla_up_proj", "bool", False, _MLA_NAME, help=_MLA_HELP),
+    PlanField("fused_experts", "bool", False, _FUSED_NAME, help=_FUSED_HELP),
+    PlanField("pp_layout", "bool", False, _LAYOUT_NAME, help=_LAYOUT_HELP),
     PlanField(
         "zero",
         "int",

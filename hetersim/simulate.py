@@ -124,7 +124,10 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     # schedule needs layers_split_for_interleaving.
     layers = memory.stack_layers(model)  # multi-token-prediction layers are pipelined like the others
     f |= _flag(layers < plan.pp * plan.vp, Infeasible.LAYERS_DIVIDE)
-    f |= _flag((plan.vp > 1) & ~layers_split_for_interleaving(layers, plan.pp * plan.vp), Infeasible.LAYERS_DIVIDE)
+    uneven = (plan.vp > 1) & ~layers_split_for_interleaving(layers, plan.pp * plan.vp)
+    if model.extra is not None:  # an explicit layout places unequal chunks (read for MoE models only)
+        uneven = uneven & ~(plan.pp_layout > 0)
+    f |= _flag(uneven, Infeasible.LAYERS_DIVIDE)
     f |= _flag(_not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
     f |= _flag(
         _not_multiple(model.hidden, plan.tp) | _not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE
@@ -410,6 +413,10 @@ def recompute_share(model: ModelSpec, plan: Plan):
     attn_share = 6.0 * plan.seq_len * model.heads * model.head_dim * model.layers / per_token
     layer_share = 1.0 - 6.0 * model.vocab * model.hidden / per_token
     rc = plan.recompute_code
+    if model.extra is not None:  # mla_up_proj rebuilds the up projections (6 = 3 passes, as above)
+        a, d, dr, dv = model.heads, model.head_dim, model.rope_head_dim, model.v_head_dim
+        up = 6.0 * (model.q_lora_rank * a * (d + dr) + model.kv_lora_rank * a * (d + dv)) * model.layers
+        attn_share = jnp.where(compute.mla_up_recompute(model, plan), up / per_token, attn_share)
     return jnp.select([rc == Recompute.FULL, rc == Recompute.SELECTIVE], [layer_share / 3.0, attn_share / 3.0], 0.0)
 
 

@@ -199,6 +199,9 @@ ep = 1
 etp = 1
 ep_overlap = false
 moe_imbalance = 1.0
+mla_up_proj = false
+fused_experts = false
+pp_layout = false
 """
 
 

@@ -204,7 +204,12 @@ TOKEN_DROP_IMBALANCE = 1.0
 # names (WorkloadBaseConfig.moe_a2a_overlap at the tag of that container, kept only where the
 # preset's expert-parallel size and micro-batch are the row's; each line cites its preset and
 # commit). A row's own ``ep_overlap`` / ``dispatcher`` columns override; a run in neither runs
-# Megatron-Core's defaults: no overlap, the alltoall dispatcher.
+# Megatron-Core's defaults: no overlap, the alltoall dispatcher. ``recompute_modules`` is the same
+# preset's WorkloadBaseConfig.recompute_modules at that tag (space-separated; empty: none set):
+# ``mla_up_proj`` among them sets the plan's ``mla_up_proj`` (a selective run rebuilds MLA's up
+# projections, not the attention core). ``fused_experts`` is the preset's cutedsl_fused_grouped_mlp
+# (1: the experts' GEMMs in one grouped kernel; 0 or empty: Transformer Engine's per-expert GEMMs).
+# ``pp_layout``: the preset's (or its recipe's) explicit pipeline layout, where it sets one.
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
     return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
@@ -249,6 +254,9 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         ep_overlap=bool(overlap),
         dispatcher=dispatcher,
         moe_imbalance=_imbalance(routing, f.get("notes") or ""),
+        mla_up_proj="mla_up_proj" in (config.get("recompute_modules") or "").split(),
+        fused_experts=(config.get("fused_experts") or "0").strip() == "1",
+        pp_layout=bool((config.get("pp_layout") or "").strip()),
     )
 
 
@@ -342,7 +350,9 @@ def row_system(row: Row | None, inputs: Mapping[str, Any], catalog, path, cxl: M
 # Assumed discrete columns are the curator's guess ("the usual default of that stack"). Where a
 # row is infeasible as written, validate tries the other values of an assumed column, from the
 # one that saves least memory on, and keeps the first that runs: a real run ran, so it did not
-# use a layout that cannot fit.
+# use a layout that cannot fit. For a model with MLA, selective recomputation with the mla_up_proj
+# module (what 16 of the 19 Megatron-Bridge DeepSeek-V3 presets behind moe_run_configs.csv
+# recompute) comes between selective and full: it stores less than the first, more than the second.
 ALTERNATIVES = {"recompute": ("none", "selective", "full")}
 
 
@@ -353,11 +363,16 @@ def candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     plan = inputs["plan"]
     assumed = {c.strip() for c in row.fields["assumed"].split(";")}
 
+    mla = float(inputs["model"].get("kv_lora_rank") or 0) > 0
+
     def variants(base):
         out = [dict(base)]
         for col, values in ALTERNATIVES.items():
             if col in assumed and base[col] in values:
                 for v in values[values.index(base[col]) + 1 :]:
+                    if col == "recompute" and v == "full" and mla and not base.get("mla_up_proj"):
+                        # Between the two: the module the Megatron-Bridge DeepSeek-V3 presets name.
+                        out.append(dict(base, recompute="selective", mla_up_proj=True))
                     out.append(dict(base, **{col: v}))
         return out
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from .. import stacks
 from ..pytree import replace
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
-from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision
+from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision, Recompute
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
@@ -71,14 +71,16 @@ def wave_eff(dev: DeviceSpec, M, N, batch=1.0):
     return tiles * inv_sms / waves
 
 
-def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None):
+def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None, concurrent=None):
     """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
-    per GEMM; a batched GEMM is one launch)."""
+    per GEMM; a batched GEMM is one launch), ``concurrent`` of them sharing the SMs at a time
+    (default ``count / kernels``: the GEMMs of one launch)."""
     flops = 2.0 * M * N * K
     in_bytes = gemm_input_bytes(plan)
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
     kernels = count if kernels is None else kernels
-    t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, count / kernels), 1e9)
+    concurrent = count / kernels if concurrent is None else concurrent
+    t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, concurrent), 1e9)
     t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
     return count * jnp.maximum(t_flops, t_mem) + kernels * cal.kernel_overhead_us * US
 
@@ -119,6 +121,28 @@ def attn_gemm_shapes(m: ModelSpec, plan: Plan):
     ]
 
 
+def mla_up_recompute(m: ModelSpec, plan: Plan):
+    """True where selective recomputation runs Megatron-Core's ``mla_up_proj`` recompute module
+    instead of its default (the attention core): MLA's query and key/value up projections and
+    RoPE run again in the backward from the stored latents, and the up-projected query, key and
+    value are not stored (``MLASelfAttention``: ``recompute_up_proj`` wraps the up projections in
+    a ``CheckpointWithoutOutput`` whose output is discarded once the attention core has used it;
+    Megatron-LM ``megatron/core/transformer/multi_latent_attention.py``, README "recompute
+    modules", NVIDIA/Megatron-LM@d98e8a64). Only a model with MLA reads it (static branch)."""
+    selective = plan.recompute_code == Recompute.SELECTIVE
+    return selective & (plan.mla_up_proj > 0) & (m.kv_lora_rank > 0)
+
+
+def mla_up_proj_fwd_s(dev, cal, m: ModelSpec, plan: Plan):
+    """The recomputed part of the ``mla_up_proj`` module: the query and key/value up-projection
+    GEMMs (:func:`attn_gemm_shapes`) and RoPE on the query's and the key's rotary parts."""
+    shapes = attn_gemm_shapes(m, plan)
+    up = gemms_fwd_s(dev, cal, plan, [shapes[1], shapes[3]])
+    rope_width = (m.heads / plan.tp + 1.0) * m.rope_head_dim  # rotary query heads, the shared rotary key
+    rope_bytes = tokens(plan) * act_bytes(plan) / 2.0 * _by_fusion(ROPE_BYTES, eager(plan)) * rope_width
+    return up + stream_s(dev, cal, rope_bytes, 2.0 * _by_fusion(ROPE_KERNELS, eager(plan)))
+
+
 def mlp_gemm_shapes(m: ModelSpec, plan: Plan, width=None, T=None):
     """(M, N, K, present) of a dense MLP's forward GEMMs (width ``ffn_hidden`` unless given) on
     one tensor-parallel rank."""
@@ -137,18 +161,18 @@ def layer_gemm_shapes(m: ModelSpec, plan: Plan):
     return attn_gemm_shapes(m, plan) + mlp_gemm_shapes(m, plan)
 
 
-def gemms_fwd_s(dev, cal, plan, shapes, count=1.0, kernels=None):
-    """Forward GEMMs of ``shapes`` (M, N, K, present), each ``count`` times in ``kernels`` launches
-    (:func:`gemm_s`; a grouped GEMM over ``count`` experts is one launch)."""
-    return sum(p * gemm_s(dev, cal, plan, M, N, K, count, kernels) for (M, N, K, p) in shapes)
+def gemms_fwd_s(dev, cal, plan, shapes, count=1.0, kernels=None, concurrent=None):
+    """Forward GEMMs of ``shapes`` (M, N, K, present), each ``count`` times in ``kernels`` launches,
+    ``concurrent`` at a time (:func:`gemm_s`)."""
+    return sum(p * gemm_s(dev, cal, plan, M, N, K, count, kernels, concurrent) for (M, N, K, p) in shapes)
 
 
-def gemms_bwd_s(dev, cal, plan, shapes, count=1.0, kernels=None):
+def gemms_bwd_s(dev, cal, plan, shapes, count=1.0, kernels=None, concurrent=None):
     """Backward: a data-gradient and a weight-gradient GEMM per forward GEMM."""
     total = 0.0
     for M, N, K, p in shapes:
-        dgrad = gemm_s(dev, cal, plan, M, K, N, count, kernels)
-        total = total + p * (dgrad + gemm_s(dev, cal, plan, K, N, M, count, kernels))
+        dgrad = gemm_s(dev, cal, plan, M, K, N, count, kernels, concurrent)
+        total = total + p * (dgrad + gemm_s(dev, cal, plan, K, N, M, count, kernels, concurrent))
     return total
 
 

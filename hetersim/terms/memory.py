@@ -166,6 +166,8 @@ def mlp_activation_bytes(m: ModelSpec, plan: Plan, f):
     fp8 = jnp.where(compute.low_precision(plan), 1.0, 0.0)
     mlp = jnp.where(m.gated > 0, 6.0 * f, 4.0 * f) - fp8 * f
     selective = (plan.recompute_code == Recompute.SELECTIVE) & (plan.attention_code != Attention.MATERIALIZED)
+    if m.extra is not None:  # Megatron's mla_up_proj module replaces the default ones: the output is stored
+        selective = selective & ~compute.mla_up_recompute(m, plan)
     return mlp - jnp.where(selective, 2.0 * f, 0.0)
 
 
@@ -173,12 +175,15 @@ def attn_activation_bytes(m: ModelSpec, plan: Plan):
     """Bytes per token the attention block stores before any tensor-parallel split: Q, K and V
     and the output projection's input (1 byte in FP8). MLA stores its up-projected query, key and
     value (``a*(d + d_r)``, ``a*(d + d_r)``, ``a*d_v``) and the output projection's input ``a*d_v``
-    (its small latents are not counted)."""
+    (its small latents are not counted); under the ``mla_up_proj`` recompute module
+    (:func:`~hetersim.terms.compute.mla_up_recompute`) the first three are rebuilt, not stored."""
     fp8 = jnp.where(compute.low_precision(plan), 1.0, 0.0)
     q, k = q_width(m), kv_width(m)  # h and h*g/a when the head width is h/a
     std = 2.0 * q + 4.0 * k + (2.0 - fp8) * q
     a, d_qk, d_v = m.heads, m.head_dim + m.rope_head_dim, m.v_head_dim
     mla = 2.0 * a * (2.0 * d_qk + d_v) + (2.0 - fp8) * a * d_v
+    if m.extra is not None:  # the mla_up_proj recompute module stores no up-projected q, k, v
+        mla = mla - jnp.where(compute.mla_up_recompute(m, plan), 2.0 * a * (2.0 * d_qk + d_v), 0.0)
     return jnp.where(m.kv_lora_rank > 0, mla, std)
 
 

@@ -56,16 +56,35 @@ def expert_gemm_shapes(m: ModelSpec, plan: Plan):
     return [(M, (n_mlp_matrices(m) - 1.0) * f, h, 1.0), (M, h, f, 1.0)]
 
 
+# Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP, ``moe_grouped_gemm``) runs its
+# grouped GEMM as one cuBLAS GEMM per expert, round-robin on ``get_num_compute_streams()`` = 4
+# streams (NVIDIA/TransformerEngine@d0067d0d transformer_engine/common/gemm/cublaslt_gemm.cu
+# ``multi_stream_cublas_gemm``, the path ``nvte_multi_tensor_gemm`` takes unless Hopper and
+# NVTE_USE_CUTLASS_GROUPED_GEMM; common/util/multi_stream.cpp ``num_compute_streams = 4``).
+TE_STREAMS = 4.0
+
+
+def expert_launches(m: ModelSpec, plan: Plan):
+    """(count, kernels, concurrent) of one expert GEMM shape over the local experts: one grouped
+    kernel whose tiles of every expert share the SMs (``fused_experts``: Megatron-Bridge's
+    cutedsl_fused_grouped_mlp), or Transformer Engine's default, a launch per expert with at
+    most :data:`TE_STREAMS` of them sharing the SMs, so an expert with few output tiles leaves
+    SMs idle (wave quantization per launch: :func:`hetersim.terms.compute.wave_eff`)."""
+    n = local_experts(m, plan)
+    fused = plan.fused_experts > 0
+    return n, jnp.where(fused, 1.0, n), jnp.where(fused, n, jnp.minimum(n, TE_STREAMS))
+
+
 def experts_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
-    """The routed experts' forward: one grouped GEMM per matrix over the local experts
-    (``moe_grouped_gemm``: one launch, tiles of every expert sharing the SMs; each expert's weights
-    read once, which makes small-M experts memory-bound)."""
-    return compute.gemms_fwd_s(dev, cal, plan, expert_gemm_shapes(m, plan), local_experts(m, plan), 1.0)
+    """The routed experts' forward: a GEMM per matrix and local expert, launched as
+    :func:`expert_launches` says (each expert's weights read once, which makes small-M experts
+    memory-bound)."""
+    return compute.gemms_fwd_s(dev, cal, plan, expert_gemm_shapes(m, plan), *expert_launches(m, plan))
 
 
 def experts_bwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
-    """Data- and weight-gradient grouped GEMMs per forward GEMM."""
-    return compute.gemms_bwd_s(dev, cal, plan, expert_gemm_shapes(m, plan), local_experts(m, plan), 1.0)
+    """Data- and weight-gradient GEMMs per forward GEMM, launched the same way."""
+    return compute.gemms_bwd_s(dev, cal, plan, expert_gemm_shapes(m, plan), *expert_launches(m, plan))
 
 
 def shared_shapes(m: ModelSpec, plan: Plan):
