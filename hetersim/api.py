@@ -201,6 +201,12 @@ def _cluster_groups(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def _given_dp(plan: Mapping[str, Any]) -> int:
+    """The ``dp`` the options give (0: derive it)."""
+    dp = plan.get("dp")
+    return 0 if dp in (None, AUTO) else int(dp)
+
+
 def _straddles(cluster: str, plan: Mapping[str, Any], hetero: str) -> bool:
     """Whether ``--hetero pipeline`` puts a stage across two groups (data parallelism across kinds
     inside a stage), which only the general plan expresses."""
@@ -208,8 +214,8 @@ def _straddles(cluster: str, plan: Mapping[str, Any], hetero: str) -> bool:
         return False
     tp, cp, pp = (int(plan.get(k) or 1) for k in ("tp", "cp", "pp"))
     total = sum(c for _, c in _cluster_groups(cluster))
-    dp = plan.get("dp") or (total // max(tp * cp * pp, 1))
-    unit = tp * cp * int(dp)
+    dp = _given_dp(plan) or max(total // max(tp * cp * pp, 1), 1)
+    unit = tp * cp * dp
     return any(c % unit for _, c in _cluster_groups(cluster)) and total == unit * pp
 
 
@@ -226,7 +232,7 @@ def _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage,
     if n is not None and int(n) != total:
         raise FieldError(f"{{0}} {n} must equal the {{1}} total {total}", "n_gpus", "cluster")
     tp, cp, pp = (int(plan.get(k) or 1) for k in ("tp", "cp", "pp"))
-    dp = int(plan.get("dp") or total // max(tp * cp * pp, 1))
+    dp = _given_dp(plan) or max(total // max(tp * cp * pp, 1), 1)
     if hetero == "pipeline" and tp * cp * dp * pp != total:
         raise FieldError(f"{{0}} {total} is not tp*cp*dp*pp = {tp * cp * dp * pp}", "cluster")
     layers = int(model_entry.get("layers", 0) or 0) + int(model_entry.get("mtp_layers", 0) or 0)

@@ -366,7 +366,8 @@ def placement(
     weights_hbm = jnp.where(on[memory.PARAM], 0.0, weights)
     grads_hbm = jnp.where(on[memory.GRAD], 0.0, grads)
     opt_hbm = jnp.where(on[memory.OPT], 0.0, opt)
-    hbm = weights_hbm + grads_hbm + opt_hbm + acts + bufs
+    # The caching allocator reserves what is allocated and what fragmentation leaves unusable.
+    hbm = safe_div(weights_hbm + grads_hbm + opt_hbm + acts + bufs, 1.0 - plan.fragmentation)
     placed = offload.placed_bytes(plan, weights, grads, opt, acts_tier)
     tier_used = (placed * offload.gpus_sharing(host, plan) / GiB).at[0].set(hbm / GiB)
     tier_cap = offload.tier_capacity_GiB(host).at[0].set(system.device.hbm_capacity_GiB)

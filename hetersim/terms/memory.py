@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import ModelSpec, Plan
-from ..types import Attention, Loss, Precision, Recompute
+from ..types import Attention, Loss, Precision, Recompute, Stack
 from ..units import GiB
 from . import compute, moe
 from .flops import dense_mlp_params, expert_params, kv_width, layer_params, n_mlp_matrices, q_width
@@ -86,9 +86,22 @@ def expert_dp(plan: Plan):
     return jnp.maximum(plan.tp * plan.cp * plan.dp / (plan.ep * plan.etp), 1.0)
 
 
+# DeepSpeed's mixed-precision optimizers step on an fp32 copy of the gradients of their partition
+# (deepspeedai/DeepSpeed@7dee2e06 deepspeed/runtime/zero/stage_1_and_2.py: the fp32 partition's
+# ``single_partition_of_fp32_groups[i].grad``; runtime/fp16/fused_optimizer.py: the flat fp32
+# groups' grads without ZeRO) beside the model's 16-bit gradients, which it keeps and reduces in
+# the model's dtype (``communication_data_type`` defaults to it): 2 + 2 + (4 + 12) = 20 bytes per
+# parameter unsharded.
+FP32_GRAD_COPY_BYTES = 4.0
+
+
+def deepspeed_16bit(plan: Plan):
+    return (plan.stack_code == Stack.DEEPSPEED) & (plan.precision_code != Precision.FP32)
+
+
 def grad_bytes(plan: Plan):
     """Bytes per gradient element, in memory and on the wire."""
-    dist_opt = (plan.zero >= 1) & (plan.zero <= 2)
+    dist_opt = ((plan.zero >= 1) & (plan.zero <= 2)) | deepspeed_16bit(plan)
     # FP16 ZeRO-3 is DeepSpeed's, which keeps and reduces gradients in the model's dtype
     # (communication_data_type defaults to fp16); bf16 FSDP reduces in fp32 (FSDP2's reduce_dtype).
     fp16_z3 = (plan.zero >= 3) & (plan.precision_code == Precision.FP16)
@@ -106,7 +119,8 @@ def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
         return p / jnp.where(plan.zero >= stage, n, 1.0) + pe / jnp.where(plan.zero >= stage, ne, 1.0)
 
     wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, WEIGHT_BYTES)
-    return sharded(3) * wbytes, sharded(2) * grad_bytes(plan), sharded(1) * OPTIMIZER_BYTES
+    opt_bytes = OPTIMIZER_BYTES + jnp.where(deepspeed_16bit(plan), FP32_GRAD_COPY_BYTES, 0.0)
+    return sharded(3) * wbytes, sharded(2) * grad_bytes(plan), sharded(1) * opt_bytes
 
 
 def optimizer_params(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
