@@ -167,6 +167,18 @@ def test_trace_counter_counts_a_new_shape(tmp_path, tiny):
     assert sweep.trace_count() == before + 1
 
 
+def test_progress_shows_the_compilation_as_its_own_phase(tmp_path, tiny, capsys):
+    """The progress display's first row is the compilation ("compiled in N s"); the sweep's row,
+    with its configurations per second, starts after it (so the rate counts evaluation only)."""
+    before = sweep.trace_count()
+    sweep.run_sweep(write_study(tmp_path), tmp_path / "p", chunk=CHUNK, progress=True)
+    assert sweep.trace_count() == before  # the phase compiles what the chunks then call
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines[0].startswith("compiled in ") and float(lines[0].split()[2]) >= 0.0
+    assert "configs/s" not in lines[0] and "/" not in lines[0].split("━")[0]
+    assert lines[1].startswith("sweep tiny") and "configs/s" in lines[1]
+
+
 # --------------------------------------------------------------------------------------------
 # Resume, Dask
 # --------------------------------------------------------------------------------------------
