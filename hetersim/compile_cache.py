@@ -178,6 +178,8 @@ class CachedJit:
         import jax
 
         leaves, treedef = jax.tree.flatten(args)
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # called inside a trace
+            return self.jitted(*args)
         key = _key(self.name, leaves, treedef)
         compiled = self.loaded.get(key)
         if compiled is not None:

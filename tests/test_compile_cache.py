@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -118,3 +119,10 @@ def test_cli_keeps_its_programs_and_gives_the_same_numbers(tmp_path):
     uncached = CliRunner().invoke(app, other)  # this process: the cache off (tests/conftest.py)
     assert uncached.exit_code == 0, uncached.stderr
     assert second == json.loads(uncached.stdout)
+
+
+def test_inside_a_trace_it_is_plain_jit(exe_folder):
+    f = compile_cache.cached_jit(_toy, "toy")
+    spec = {"a": np.float32(2.0), "b": np.zeros(2, np.float32)}
+    grad = jax.grad(lambda x: f(spec, x)["y"])(np.float32(3.0))
+    assert float(grad) == 2.0 and not list((exe_folder / "exe").iterdir())
