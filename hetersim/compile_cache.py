@@ -16,7 +16,8 @@ The folder is ``$HETERSIM_CACHE_DIR`` (``off`` disables both layers), else
 ``$XDG_CACHE_HOME/hetersim``, else ``~/.cache/hetersim``; inside it, a subfolder named after a hash
 of the jax and jaxlib versions and of every file of the ``hetersim`` and ``dse`` packages (their
 sources and packaged tables, which a trace bakes in as constants), so an edit or an upgrade starts
-afresh instead of loading a stale program. Nothing here is an error: a folder that cannot be
+afresh instead of loading a stale program (the :data:`KEEP` most recently used ones are kept, older
+ones removed). Nothing here is an error: a folder that cannot be
 written, or an entry that does not load or run, only costs the cache (the function is compiled as
 without it). The entries are pickles (JAX's own executable serialization); the folder is created
 readable by its owner only, and, as for any cache of code, one should not point it at a folder
@@ -39,6 +40,7 @@ from typing import Any
 ENV = "HETERSIM_CACHE_DIR"
 OFF = "off"
 PACKAGES = ("hetersim", "dse")
+KEEP = 4  # cache folders kept (other sources or JAX versions): a few branches' worth
 _STATE: dict[str, Path | None] = {"folder": None}
 
 
@@ -97,10 +99,13 @@ def enable(environ: Any = None) -> Path | None:
     if folder is None:
         return None
     try:
-        (folder / "exe").mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # mode: this folder, not its parents
+        (folder / "exe").mkdir(exist_ok=True, mode=0o700)
         (folder / "xla").mkdir(exist_ok=True, mode=0o700)
+        os.utime(folder)  # the newest in use, for prune()
     except OSError:
         return None
+    prune(folder.parent)
     settings = {
         "jax_compilation_cache_dir": str(folder / "xla"),
         "jax_persistent_cache_min_compile_time_secs": 0.0,
@@ -117,6 +122,21 @@ def enable(environ: Any = None) -> Path | None:
             os.environ.setdefault(option.upper(), str(value))
     _STATE["folder"] = folder
     return folder
+
+
+def prune(base: Path, keep: int = KEEP) -> None:
+    """Remove all but the ``keep`` most recently used ``jax-<key>`` folders of ``base`` (each edit
+    of the package or JAX upgrade leaves one behind); anything else in ``base`` stays."""
+    import re
+    import shutil
+
+    try:
+        found = [p for p in base.iterdir() if p.is_dir() and re.fullmatch(r"jax-[0-9a-f]{16}", p.name)]
+        found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for old in found[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def enabled() -> Path | None:

@@ -126,3 +126,28 @@ def test_inside_a_trace_it_is_plain_jit(exe_folder):
     spec = {"a": np.float32(2.0), "b": np.zeros(2, np.float32)}
     grad = jax.grad(lambda x: f(spec, x)["y"])(np.float32(3.0))
     assert float(grad) == 2.0 and not list((exe_folder / "exe").iterdir())
+
+
+def test_old_cache_folders_are_pruned_and_nothing_else(tmp_path):
+    for i in range(compile_cache.KEEP + 2):
+        folder = tmp_path / f"jax-{i:016x}"
+        folder.mkdir()
+        os.utime(folder, (1000 + i, 1000 + i))
+    (tmp_path / "validation-abc.json").write_text("{}")  # dse.report.validation's cache, same base
+    (tmp_path / "jax-mine").mkdir()
+    compile_cache.prune(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    newest = [f"jax-{i:016x}" for i in range(2, compile_cache.KEEP + 2)]
+    assert left == sorted([*newest, "jax-mine", "validation-abc.json"])
+
+
+def test_enable_makes_the_folder_and_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(compile_cache._STATE, "folder", None)
+    for option in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        monkeypatch.delenv(option, raising=False)
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)  # this process's JAX stays as it is
+    folder = compile_cache.enable({"HETERSIM_CACHE_DIR": str(tmp_path)})
+    assert folder == compile_cache.cache_dir({"HETERSIM_CACHE_DIR": str(tmp_path)})
+    assert (folder / "exe").is_dir() and (folder / "xla").is_dir()
+    assert compile_cache.enabled() == folder
+    assert (folder.stat().st_mode & 0o077) == 0  # the owner's only
