@@ -9,17 +9,21 @@ configurations one at a time through ``jax.jit(simulate)`` with no ``vmap``.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import resource
+import subprocess
+import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from dse.sweep.evaluate import evaluate_chunk
+from dse.sweep.evaluate import chunk_outputs, decode_columns, evaluate_chunk, simulate_batch, specs_of
 from dse.sweep.space import DEFAULT_CHUNK, Space, layout_rows
-from hetersim import build, planfields
+from hetersim import build, compile_cache, planfields
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration
 from hetersim.simulate import simulate
@@ -85,12 +89,19 @@ def peak_rss_MiB() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_bench(n_configs: int = 1_000_000, chunk: int = DEFAULT_CHUNK, one_at_a_time: int = ONE_AT_A_TIME) -> dict:
+def run_bench(
+    n_configs: int = 1_000_000,
+    chunk: int = DEFAULT_CHUNK,
+    one_at_a_time: int = ONE_AT_A_TIME,
+    split: bool = False,
+) -> dict:
     """Time ``n_configs`` configurations in chunks of ``chunk`` and ``one_at_a_time`` unbatched.
 
-    ``compile_s`` is trace + compile of the chunk function; ``configs_per_s`` counts real
-    configurations (not the last chunk's padding) over the wall time of all chunks, device to
-    host copy included.
+    ``compile_s`` is trace + compile of the chunk function (never read from the compilation
+    cache); ``configs_per_s`` counts real configurations (not the last chunk's padding) over the
+    wall time of all chunks, device to host copy included. The ``hlo_*`` figures are XLA's
+    (:func:`hlo_profile`); ``split`` adds ``split_s`` (:func:`time_split`, which compiles the
+    stages again, one by one).
     """
     if n_configs < 1:
         raise ValueError(f"--configs must be a positive integer; got {n_configs}")
@@ -102,7 +113,8 @@ def run_bench(n_configs: int = 1_000_000, chunk: int = DEFAULT_CHUNK, one_at_a_t
     kinds = space.kinds
 
     t0 = time.perf_counter()
-    compiled = evaluate_chunk.lower(np.int32(0), tables, cal, chunk=chunk, kinds=kinds).compile()
+    with compile_cache.bypass():
+        compiled = evaluate_chunk.lower(np.int32(0), tables, cal, chunk=chunk, kinds=kinds).compile()
     compile_s = time.perf_counter() - t0
 
     n_chunks = -(-n_configs // chunk)
@@ -118,7 +130,7 @@ def run_bench(n_configs: int = 1_000_000, chunk: int = DEFAULT_CHUNK, one_at_a_t
     sink += float(np.asarray(pending["step_time_s"])[0])
     elapsed = time.perf_counter() - t0
 
-    return {
+    result = {
         "n_configs": n_configs,
         "chunk": chunk,
         "compile_s": compile_s,
@@ -127,7 +139,104 @@ def run_bench(n_configs: int = 1_000_000, chunk: int = DEFAULT_CHUNK, one_at_a_t
         "peak_rss_MiB": peak_rss_MiB(),
         "device": device_name(),
         "one_at_a_time_configs_per_s": one_at_a_time_rate(space, cal, min(one_at_a_time, space.size)),
+        **hlo_profile(compiled, chunk),
     }
+    if split:
+        result["split_s"] = time_split(tables, cal, chunk, kinds)
+        result["split_note"] = SPLIT_NOTE
+    return result
+
+
+SPLIT_NOTE = (
+    "seconds per chunk of each stage of evaluate_chunk compiled on its own (decode: flat index to "
+    "factor rows; gather: the stacked specs of each row; model: simulate over the batch; reductions: "
+    "constraints, interval, outputs); apart, XLA cannot fuse across stages, so they add up to more "
+    "than the whole chunk"
+)
+
+
+def cost_analysis(compiled: Any) -> dict[str, float]:
+    """``compiled.cost_analysis()`` as one dict: JAX returns a dict, a list of one dict per
+    program (0.4.x), or None where the backend has no analysis."""
+    try:
+        found = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - a backend without the analysis raises instead of None
+        return {}
+    if isinstance(found, list | tuple):
+        found = found[0] if found else None
+    return dict(found) if isinstance(found, dict) else {}
+
+
+# One instruction of HLO text: ``[ROOT] [%]name = type op(...)`` (computation headers have none).
+_HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S", re.MULTILINE)
+
+
+def hlo_op_count(text: str) -> tuple[int, int]:
+    """(instructions in the whole optimized module, instructions of its ENTRY computation: the
+    fusions and other kernels a call runs)."""
+    entry = re.search(r"^ENTRY .*?^}", text, re.MULTILINE | re.DOTALL)
+    return len(_HLO_OP.findall(text)), len(_HLO_OP.findall(entry.group(0))) if entry else 0
+
+
+def hlo_profile(compiled: Any, chunk: int) -> dict[str, float | int | None]:
+    """XLA's view of the compiled chunk function: FLOPs and bytes accessed per configuration
+    (None where the backend reports none), and its instruction counts (:func:`hlo_op_count`)."""
+    costs = cost_analysis(compiled)
+    flops, moved = costs.get("flops"), costs.get("bytes accessed")
+    try:
+        n_ops, n_entry = hlo_op_count(compiled.as_text())
+    except Exception:  # noqa: BLE001 - no text for this executable
+        n_ops, n_entry = 0, 0
+    return {
+        "hlo_flops_per_config": None if flops is None else float(flops) / chunk,
+        "hlo_bytes_per_config": None if moved is None else float(moved) / chunk,
+        "hlo_ops": n_ops,
+        "hlo_entry_ops": n_entry,
+    }
+
+
+def _best_of(fn: Any, args: tuple[Any, ...], reps: int) -> float:
+    jax.block_until_ready(fn(*args))  # compiles
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -> dict[str, float]:
+    """Seconds per chunk (best of ``reps``) of the four stages of :func:`evaluate_chunk`, each
+    compiled apart and fed the previous stage's output (:data:`SPLIT_NOTE`)."""
+    start = np.int32(0)
+    decode = jax.jit(decode_columns, static_argnames=("chunk",))
+    gather = jax.jit(specs_of)
+    model = jax.jit(simulate_batch)
+    reduce = jax.jit(chunk_outputs, static_argnames=("kinds",))
+    with compile_cache.bypass():
+        col = decode(start, tables, chunk=chunk)
+        specs = gather(col, tables)
+        out = model(*specs, cal)
+        return {
+            "decode": _best_of(lambda s: decode(s, tables, chunk=chunk), (start,), reps),
+            "gather": _best_of(gather, (col, tables), reps),
+            "model": _best_of(model, (*specs, cal), reps),
+            "reductions": _best_of(lambda o: reduce(o, specs[2], col["gpu"], tables, kinds=kinds), (out,), reps),
+        }
+
+
+def run_chunks(n_configs: int, chunks: list[int], one_at_a_time: int = ONE_AT_A_TIME) -> list[dict]:
+    """:func:`run_bench` once per chunk size, each in a new process (``hetersim bench --json``),
+    so each row's peak RSS is its own; the first row also times one configuration at a time."""
+    rows = []
+    for i, chunk in enumerate(chunks):
+        cmd = [sys.executable, "-m", "dse", "-q", "bench", "--json", "--configs", str(n_configs)]
+        cmd += ["--chunk", str(chunk), "--one-at-a-time", str(one_at_a_time if i == 0 else 0)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench --chunk {chunk} failed: {proc.stderr.strip()}")
+        rows.append(json.loads(proc.stdout))
+    return rows
 
 
 def one_at_a_time_rate(space: Space, cal: Any, n: int) -> float | None:

@@ -41,15 +41,24 @@ class Configuration:
 
 @functools.cache
 def _compiled(name: str):
-    """``simulate`` / ``simulate_cluster`` compiled once per process (one configuration)."""
-    import jax
-
+    """``simulate`` / ``simulate_cluster`` / the layout checks, compiled once per process (one
+    configuration), and kept between processes when the command line turned the cache on
+    (:mod:`hetersim.compile_cache`)."""
     from .cluster import simulate_cluster
-    from .simulate import simulate
+    from .compile_cache import cached_jit
+    from .simulate import layers_split_for_interleaving, simulate
+    from .terms.compute import kernel_supported
 
     from .hsim import simulate_plan
 
-    return jax.jit({"simulate": simulate, "cluster": simulate_cluster, "plan": simulate_plan}[name])
+    functions = {
+        "simulate": simulate,
+        "cluster": simulate_cluster,
+        "plan": simulate_plan,
+        "kernel": kernel_supported,
+        "interleave": layers_split_for_interleaving,
+    }
+    return cached_jit(functions[name], name)
 
 
 def default_calibration():
@@ -358,9 +367,8 @@ def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:
     import numpy as np
 
     from . import build
-    from .terms.compute import kernel_supported
 
-    if not bool(np.asarray(kernel_supported(build.device_spec(entry), plan_s))):
+    if not bool(np.asarray(_compiled("kernel")(build.device_spec(entry), plan_s))):
         kernel = Attention(int(plan_s.attention_code)).label
         message = (
             f"{{0}} {kernel} cannot run on {entry.get('name', '?')} (no fused attention kernel there); use materialized"
@@ -384,10 +392,8 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         )
     if gb % (mb * dp):
         raise FieldError(f"{{0}} {gb} is not a multiple of {{1}} x dp = {mb} x {dp}", "global_batch", "micro_batch")
-    from .simulate import layers_split_for_interleaving
-
     layers = int(model.get("layers", 0) or 0) + int(model.get("mtp_layers", 0) or 0)
-    if vp > 1 and layers and not bool(layers_split_for_interleaving(layers, pp * vp)):
+    if vp > 1 and layers and not bool(_compiled("interleave")(layers, pp * vp)):
         raise FieldError(
             f"{{0}} {pp} and {{1}} {vp} do not split the model's {layers} layers into equal chunks "
             f"(interleaving needs layers, layers+1 or layers+2 divisible by pp*vp = {pp * vp}: "

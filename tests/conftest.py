@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The command line keeps compiled programs in the user's cache folder (hetersim.compile_cache);
+# the suite writes nothing there (tests/test_compile_cache.py turns it on in temporary folders).
+os.environ["HETERSIM_CACHE_DIR"] = "off"
 
 from hetersim import build
 from hetersim.catalog import load_catalog

@@ -54,3 +54,27 @@ def test_bench_json_is_stdout_and_out_is_the_file(tmp_path):
     assert result.exit_code == 0, result.stderr
     printed = json.loads(result.stdout)
     assert printed == json.loads(out.read_text()) and printed["n_configs"] >= 64
+
+
+def test_bench_json_has_the_profile_figures():
+    """XLA's figures of the compiled chunk (FLOPs and bytes per configuration, instruction
+    counts) and, with --split, the four stages' times: present and positive."""
+    result = run(["-q", "bench", "--configs", "64", "--chunk", "64", "--json", "--split", "--one-at-a-time", "0"])
+    assert result.exit_code == 0, result.stderr
+    printed = json.loads(result.stdout)
+    for key in ("hlo_flops_per_config", "hlo_bytes_per_config", "hlo_ops", "hlo_entry_ops", "configs_per_s"):
+        assert printed[key] > 0, key
+    assert printed["hlo_ops"] > printed["hlo_entry_ops"]
+    assert set(printed["split_s"]) == {"decode", "gather", "model", "reductions"}
+    assert all(seconds > 0 for seconds in printed["split_s"].values()) and "fuse" in printed["split_note"]
+    assert printed["one_at_a_time_configs_per_s"] is None
+
+
+@pytest.mark.slow
+def test_bench_chunks_gives_one_row_per_size_from_its_own_process():
+    result = run(["-q", "bench", "--configs", "64", "--chunks", "32,64", "--one-at-a-time", "2", "--json"])
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["chunks"]
+    assert [row["chunk"] for row in rows] == [32, 64]
+    assert all(row["configs_per_s"] > 0 and row["peak_rss_MiB"] > 0 for row in rows)
+    assert rows[0]["one_at_a_time_configs_per_s"] > 0 and rows[1]["one_at_a_time_configs_per_s"] is None

@@ -167,6 +167,18 @@ def test_trace_counter_counts_a_new_shape(tmp_path, tiny):
     assert sweep.trace_count() == before + 1
 
 
+def test_progress_shows_the_compilation_as_its_own_phase(tmp_path, tiny, capsys):
+    """The progress display's first row is the compilation ("compiled in N s"); the sweep's row,
+    with its configurations per second, starts after it (so the rate counts evaluation only)."""
+    before = sweep.trace_count()
+    sweep.run_sweep(write_study(tmp_path), tmp_path / "p", chunk=CHUNK, progress=True)
+    assert sweep.trace_count() == before  # the phase compiles what the chunks then call
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines[0].startswith("compiled in ") and float(lines[0].split()[2]) >= 0.0
+    assert "configs/s" not in lines[0] and "/" not in lines[0].split("━")[0]
+    assert lines[1].startswith("sweep tiny") and "configs/s" in lines[1]
+
+
 # --------------------------------------------------------------------------------------------
 # Resume, Dask
 # --------------------------------------------------------------------------------------------
@@ -745,3 +757,54 @@ def test_sweep_stores_the_step_time_interval_around_the_prediction(tiny):
     assert np.any(high[ok] > step[ok])  # an interval, not a copy of the prediction
     for name in ("step_time_s_low", "step_time_s_high"):
         assert ds[name].attrs["units"] == "s" and "80% prediction interval" in ds[name].attrs["long_name"]
+
+
+# --------------------------------------------------------------------------------------------
+# Bench: XLA's figures, whatever JAX returns
+# --------------------------------------------------------------------------------------------
+
+
+class _Compiled:
+    def __init__(self, found):
+        self.found = found
+
+    def cost_analysis(self):
+        if isinstance(self.found, Exception):
+            raise self.found
+        return self.found
+
+
+@pytest.mark.parametrize(
+    "found, expected",
+    [
+        ({"flops": 8.0, "bytes accessed": 4.0}, {"flops": 8.0, "bytes accessed": 4.0}),  # newer JAX
+        ([{"flops": 8.0, "bytes accessed": 4.0}], {"flops": 8.0, "bytes accessed": 4.0}),  # jax 0.4.x
+        ([], {}),
+        (None, {}),
+        (NotImplementedError("no analysis"), {}),
+    ],
+)
+def test_cost_analysis_as_one_dict(found, expected):
+    from dse.bench import cost_analysis
+
+    assert cost_analysis(_Compiled(found)) == expected
+
+
+def test_hlo_op_count_counts_instructions():
+    from dse.bench import hlo_op_count
+
+    text = """HloModule jit_f, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+%fused_computation (param_0.2: f32[4]) -> f32[4] {
+  %param_0.2 = f32[4]{0} parameter(0)
+  %sin.0 = f32[4]{0} sine(%param_0.2)
+  ROOT %mul.1 = f32[4]{0} multiply(%sin.0, %sin.0)
+}
+
+ENTRY %main.5 (Arg_0.1: f32[4]) -> f32[4] {
+  %Arg_0.1 = f32[4]{0} parameter(0)
+  ROOT %fusion = f32[4]{0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_computation
+}
+"""
+    assert hlo_op_count(text) == (5, 2)
+    assert hlo_op_count(text.replace("%", "")) == (5, 2)  # newer XLA prints names without %

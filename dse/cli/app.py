@@ -112,6 +112,9 @@ def main(
     if quiet and verbose:
         raise typer.BadParameter("give one of -q/--quiet and -v/--verbose", param_hint="-q/-v")
     VERBOSITY.update(level=-1 if quiet else 1 if verbose else 0, start=time.perf_counter())
+    from hetersim import compile_cache
+
+    compile_cache.enable()  # compiled programs kept between runs ($HETERSIM_CACHE_DIR=off: not)
 
 
 def show_progress() -> bool:

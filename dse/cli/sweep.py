@@ -118,18 +118,58 @@ def print_sweep_summary(con, s: Mapping[str, Any]) -> None:
     con.print(table)
 
 
-def bench_command(configs: int, chunk: int, json_path: Path | None, as_json: bool = False) -> dict[str, Any]:
-    """Measure the sweep engine (configurations per second, compile time, peak memory); the
-    figures as JSON on stdout (``as_json``) and/or in the file ``json_path``."""
-    from dse.bench import run_bench
+def parse_chunks(text: str) -> list[int]:
+    """``--chunks 4096,16384``: positive integers, at most :data:`MAX_CHUNK` each."""
+    sizes = []
+    for item in text.split(","):
+        try:
+            size = int(item.strip().replace("_", ""))
+        except ValueError:
+            raise ValueError(f"--chunks: {item.strip()!r} is not an integer (give sizes like 4096,16384)") from None
+        positive("--chunks", size, hi=MAX_CHUNK)
+        sizes.append(size)
+    return sizes
 
-    result = run_bench(configs, chunk)
+
+def bench_command(
+    configs: int,
+    chunk: int,
+    json_path: Path | None,
+    as_json: bool = False,
+    chunks: list[int] | None = None,
+    split: bool = False,
+    one_at_a_time: int = 300,
+) -> dict[str, Any]:
+    """Measure the sweep engine (configurations per second, compile time, peak memory, XLA's
+    FLOPs and bytes per configuration); the figures as JSON on stdout (``as_json``) and/or in the
+    file ``json_path``. ``chunks``: one row per chunk size instead, each in its own process."""
+    from dse.bench import device_name, run_bench, run_chunks
+
+    if chunks:
+        result: dict[str, Any] = {"device": device_name(), "n_configs": configs}
+        result["chunks"] = run_chunks(configs, chunks, one_at_a_time)
+    else:
+        result = run_bench(configs, chunk, one_at_a_time=one_at_a_time, split=split)
     if json_path is not None:
         fmt.write_json_atomic(json_path, result)
     if as_json:
         typer.echo(fmt.dumps(result))
         return result
     con = fmt.console()
+    if chunks:
+        _print_chunk_table(con, result)
+    else:
+        _print_bench_table(con, result)
+    if json_path is not None:
+        con.print(f"wrote {json_path}")
+    return result
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _print_bench_table(con, result: Mapping[str, Any]) -> None:
     table = Table(title="hetersim bench")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -137,13 +177,32 @@ def bench_command(configs: int, chunk: int, json_path: Path | None, as_json: boo
     table.add_row("configurations", f"{result['n_configs']:,}")
     table.add_row("chunk", f"{result['chunk']:,}")
     table.add_row("compile s", f"{result['compile_s']:.2f}")
-    table.add_row("configs/s (vmapped chunks)", f"{result['configs_per_s']:,.0f}")
-    table.add_row("configs/s (jit, one at a time)", f"{result['one_at_a_time_configs_per_s']:,.0f}")
+    table.add_row("configs/s (vmapped chunks)", _rate(result["configs_per_s"]))
+    table.add_row("configs/s (jit, one at a time)", _rate(result["one_at_a_time_configs_per_s"]))
     table.add_row("peak RSS MiB", f"{result['peak_rss_MiB']:,.0f}")
+    table.add_row("HLO FLOPs / config", _rate(result["hlo_flops_per_config"]))
+    table.add_row("HLO bytes accessed / config", _rate(result["hlo_bytes_per_config"]))
+    table.add_row("HLO ops (ENTRY)", f"{result['hlo_ops']:,} ({result['hlo_entry_ops']:,})")
+    for stage, seconds in result.get("split_s", {}).items():
+        table.add_row(f"{stage} ms / chunk (compiled apart)", f"{seconds * 1e3:,.2f}")
     con.print(table)
-    if json_path is not None:
-        con.print(f"wrote {json_path}")
-    return result
+
+
+def _print_chunk_table(con, result: Mapping[str, Any]) -> None:
+    table = Table(title=f"hetersim bench: {result['n_configs']:,} configurations per row ({result['device']})")
+    for column in ("chunk", "compile s", "configs/s", "peak RSS MiB", "HLO bytes / config"):
+        table.add_column(column, justify="right")
+    for row in result["chunks"]:
+        table.add_row(
+            f"{row['chunk']:,}",
+            f"{row['compile_s']:.2f}",
+            _rate(row["configs_per_s"]),
+            f"{row['peak_rss_MiB']:,.0f}",
+            _rate(row["hlo_bytes_per_config"]),
+        )
+    con.print(table)
+    first = result["chunks"][0]["one_at_a_time_configs_per_s"]
+    con.print(f"one configuration at a time (jit, no vmap): {_rate(first)} configs/s")
 
 
 @app.command("sweep")
@@ -176,12 +235,25 @@ def sweep_cmd(
 def bench_cmd(
     configs: int = typer.Option(1_000_000, "--configs", help="Configurations to evaluate."),
     chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
+    chunks: str | None = typer.Option(
+        None, "--chunks", help="Comma-separated chunk sizes (4096,16384,65536): one row each, in its own process."
+    ),
+    split: bool = typer.Option(
+        False, "--split", help="Also time decode / gather / model / reductions, each compiled apart."
+    ),
+    one_at_a_time: int = typer.Option(300, "--one-at-a-time", help="Configurations timed one at a time (0: none)."),
     json_path: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ) -> None:
-    """Measure configurations per second, compile time and peak memory of the vectorized model."""
+    """Measure configurations per second, compile time, peak memory and XLA's cost figures of the
+    vectorized model."""
     positive("--configs", configs, hi=MAX_CONFIGS)
     positive("--chunk", chunk, hi=MAX_CHUNK)
+    sizes = parse_chunks(chunks) if chunks is not None else None
+    if sizes and split:
+        raise ValueError("--split times one chunk size: give --chunk N with it, not --chunks")
+    if one_at_a_time < 0:
+        raise ValueError(f"--one-at-a-time must be >= 0; got {one_at_a_time}")
     if json_path is not None:
         atomic.check_target(json_path, "--out")
-    bench_command(configs, chunk, json_path, as_json)
+    bench_command(configs, chunk, json_path, as_json, chunks=sizes, split=split, one_at_a_time=one_at_a_time)

@@ -127,9 +127,15 @@ def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk:
     col = decode_columns(start, tables, chunk=chunk)
     model, system, plan = specs_of(col, tables)
     out = simulate_batch(model, system, plan, cal)
+    return chunk_outputs(out, plan, col["gpu"], tables, kinds)
+
+
+def chunk_outputs(out: Any, plan: Any, gpu, tables: Mapping[str, Any], kinds: tuple) -> dict[str, Any]:
+    """What a chunk returns from the model's outputs ``out``: the metrics, the step-time interval,
+    the constraint bits and the feasible flag (the last stage of :func:`evaluate_chunk`)."""
     checks = check_constraints(out, kinds, tables["limits"])
     result = {name: getattr(out, name) for name in METRICS}
-    result.update(step_time_interval(out.step_time_s, plan, col["gpu"], tables["interval"]))
+    result.update(step_time_interval(out.step_time_s, plan, gpu, tables["interval"]))
     result["constraint_violation"] = checks.bits
     result["feasible"] = checks.feasible
     return result

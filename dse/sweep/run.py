@@ -77,21 +77,25 @@ def run_sweep(
 
     console = Console(stderr=True)
     bar = _progress(console, progress)
-    task = bar.add_task(f"sweep {job.study.name}", total=job.space.size, completed=resumed, resumed=resumed)
-
-    def finish(index: int, arrays: Mapping[str, np.ndarray]) -> None:
-        sink.add(index, arrays)
-        bar.advance(task, job.rows(index))
-        if on_chunk is not None:
-            on_chunk(index)
-
     payload = (job.tables, job.cal, job.chunk, job.space.kinds, job.space.size)
+    local = scheduler is None and not workers
     try:
         with bar:
-            if scheduler is not None or workers:
-                _run_dask(payload, todo, scheduler, workers, finish)
-            else:
+            if local and todo:
+                compile_phase(bar, payload)
+            # Added after the compilation, so its elapsed time and rate count evaluation only.
+            task = bar.add_task(f"sweep {job.study.name}", total=job.space.size, completed=resumed, resumed=resumed)
+
+            def finish(index: int, arrays: Mapping[str, np.ndarray]) -> None:
+                sink.add(index, arrays)
+                bar.advance(task, job.rows(index))
+                if on_chunk is not None:
+                    on_chunk(index)
+
+            if local:
                 _run_local(payload, todo, finish)
+            else:
+                _run_dask(payload, todo, scheduler, workers, finish)
     except KeyboardInterrupt:
         n_done = sink.interrupted()
         console.print(
@@ -223,6 +227,20 @@ class _StreamSink:
         write_streamed(job.path, job.study, job.space, self.reducer, self.state, job.chunk, job.fp, job.cal)
 
 
+def compile_phase(bar, payload: tuple[Any, ...]) -> float:
+    """Compile the chunk function as its own row of the progress display ("compiling…", then
+    "compiled in N s"); return the seconds. The chunks then call :func:`evaluate_chunk`, which
+    finds this compilation in JAX's cache (tracing included)."""
+    tables, cal, chunk, kinds, _ = payload
+    row = bar.add_task("compiling…", total=None, phase=True)
+    t0 = time.perf_counter()
+    evaluate_chunk.lower(np.int32(0), tables, cal, chunk=chunk, kinds=kinds).compile()
+    seconds = time.perf_counter() - t0
+    bar.update(row, description=f"compiled in {seconds:.1f} s", total=1, completed=1)
+    bar.stop_task(row)
+    return seconds
+
+
 def _run_local(payload: tuple[Any, ...], todo: Sequence[int], finish: Callable[[int, Any], None]) -> None:
     """Dispatch chunk ``i+1`` before pulling chunk ``i`` to the host, so the two overlap."""
     tables, cal, chunk, kinds, _ = payload
@@ -282,15 +300,23 @@ def _progress(console, enabled: bool):
             speed = task.speed
             if speed is None and task.elapsed:
                 speed = (task.completed - task.fields.get("resumed", 0)) / task.elapsed
-            return Text("" if not speed else f"{speed:,.0f} configs/s")
+            return Text("" if not speed or task.fields.get("phase") else f"{speed:,.0f} configs/s")
+
+    class Count(MofNCompleteColumn):  # nothing to count in a phase row (compiling)
+        def render(self, task) -> Text:
+            return Text("") if task.fields.get("phase") else super().render(task)
+
+    class Remaining(TimeRemainingColumn):
+        def render(self, task) -> Text:
+            return Text("") if task.fields.get("phase") else super().render(task)
 
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        Count(),
         Rate(),
         TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        Remaining(),
         console=console,
         disable=not enabled,
     )
