@@ -447,6 +447,19 @@ def catalog_table(section: str, entries: Mapping[str, Mapping[str, Any]]) -> Tab
     return t
 
 
+def print_plan_ranking(con: Console, rows: list[Mapping[str, Any]], n: int) -> None:
+    """``hetersim plan``'s ranking: the best candidate plans by step time."""
+    from rich.markup import escape
+
+    t = Table(title=f"Best plans of {n} candidates", title_justify="left")
+    for column in ("rank", "step s", "tokens/s", "MFU %", "HBM GiB", "fits", escape("plan (copies x [stage | stage ...])")):
+        t.add_column(column, justify="left" if column.startswith("plan") else "right", overflow="fold")
+    for r in rows:
+        t.add_row(str(r["rank"]), f"{r['step_time_s']:.4f}", f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}",
+                  f"{r['hbm_used_GiB']:.1f}", "yes" if r["feasible"] else "no", escape(r["plan"]))  # fmt: skip
+    con.print(t)
+
+
 def print_stages(con: Console, rows: list[Mapping[str, Any]]) -> None:
     """The stages of a heterogeneous plan: per replica group its kind, TP, layers, share, memory."""
     t = Table(title="Stages (per replica group)", title_justify="left")

@@ -477,3 +477,45 @@ def to_arrays(plans: Sequence[HeteroPlan], kinds: Sequence[str], shape: tuple[in
                     out["count"][b, j, s, r] = rep.count
                     out["rep_mb"][b, j, s, r] = rep.micro_batches or 0
     return out
+
+
+def to_toml(plan: HeteroPlan, header: str = "") -> str:
+    """The plan as a plan file (TOML; :func:`read_plan_file` reads it back)."""
+    import json as _json
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return _json.dumps(v)
+        if isinstance(v, Mapping):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise ValueError(f"cannot write {v!r} to a plan file")
+
+    d = plan.as_dict()
+    lines = [f"# {line}" for line in header.splitlines()] if header else []
+    lines += [f"{k} = {value(v)}" for k, v in d.items() if k != "pipeline" and v not in (None, {}, [])]
+    for p in d["pipeline"]:
+        lines += ["", "[[pipeline]]", f"count = {p['count']}"]
+        if "micro_batches" in p:
+            lines.append(f"micro_batches = {p['micro_batches']}")
+        for st in p["stage"]:
+            lines.append("[[pipeline.stage]]")
+            if "layers" in st:
+                lines.append(f"layers = {st['layers']}")
+            lines.append(f"replicas = {value(st['replicas'])}")
+    return "\n".join(lines) + "\n"
+
+
+def with_layers(plan: HeteroPlan, layers: Sequence[Sequence[int]]) -> HeteroPlan:
+    """The plan with every stage's layers fixed (``layers[j][s]``, e.g. the balanced split the
+    model chose), so that the file says what runs."""
+    pipes = tuple(
+        dataclasses.replace(p, stages=tuple(dataclasses.replace(s, layers=int(layers[j][i])) for i, s in enumerate(p.stages)))
+        for j, p in enumerate(plan.pipelines)
+    )
+    return dataclasses.replace(plan, pipelines=pipes)

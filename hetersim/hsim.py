@@ -394,7 +394,7 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     )
 
 
-def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=None) -> HeteroSpec:
+def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=None, kinds=None) -> HeteroSpec:
     """A :class:`HeteroSpec` of one :class:`hetersim.hplan.HeteroPlan` (host side): the device
     kinds in the plan's order of first use, each with a scale-up domain no larger than the GPUs
     of that kind in the cluster (two kinds never share one); the cross network from the kinds'
@@ -404,7 +404,8 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
     from . import build, hplan as hp
     from .planfields import AUTO
 
-    kinds = hplan.kinds()
+    used_kinds = hplan.kinds()
+    kinds = list(kinds) if kinds is not None else used_kinds  # a fixed order batches plans alike
     cluster = cluster or hplan.gpus()
     systems = []
     for k in kinds:
@@ -418,7 +419,8 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
         link_bw, link_lat = float(link["bw_GBps"]) * float(link.get("busbw_eff", 1.0)), float(link["latency_us"])
         # cross_network multiplies by the slowest kind's bus efficiency; the named link's own
         # efficiency is folded into its bandwidth above.
-    cross = cross_network(stacked, jnp.ones(len(kinds)), link_bw, link_lat)
+    used = jnp.asarray([1.0 if k in used_kinds else 0.0 for k in kinds])
+    cross = cross_network(stacked, used, link_bw, link_lat)
     arrays = {k: np.asarray(v)[0] for k, v in hp.to_arrays([hplan], kinds, shape).items()}
     sp = hplan.options.get("sp", AUTO)
     return HeteroSpec(

@@ -302,3 +302,63 @@ def test_every_published_mixed_gpu_plan_is_written_in_the_plan_format(system, ca
         assert len(kinds_per_stage[0]) == 2  # data parallelism across kinds inside a stage
     if system == "flashflex":
         assert hp.pipelines[0].count == 4 and len(hp.pipelines[0].stages) == 10
+
+
+# --------------------------------------------------------------------------------------------
+# The search that picks the plan
+# --------------------------------------------------------------------------------------------
+
+MIX = [(A100, 4, 8), (H100, 4, 8)]
+
+
+def test_candidates_cover_the_published_plan_shapes_and_all_pass_the_checks(catalog):
+    from hetersim import hsearch
+
+    model = catalog.model("llama2-7b")
+    plans = hsearch.candidates(MIX, model, dict(global_batch=64))
+    shapes = {(len(p.pipelines), max(len(s.replicas) for q in p.pipelines for s in q.stages)) for p in plans}
+    assert (1, 1) in shapes  # stages by kind
+    assert any(j > 1 for j, _ in shapes)  # pipelines by kind
+    assert any(r > 1 for _, r in shapes)  # a rank-ordered stage with replicas of both kinds
+    assert any(p.kinds() == [H100] for p in plans)  # a kind may be left out
+    for p in plans:
+        hplan.check(p, model, {A100: 4, H100: 4})
+        assert all(n <= 4 for n in p.gpus().values())
+    assert len({hsearch.describe(p) for p in plans}) == len(plans)
+
+
+def test_the_search_picks_a_plan_no_slower_than_the_fast_kind_alone_and_writes_it(tmp_path, catalog, cal):
+    """Leaving the slow kind out is in the space, so the best mixed plan is never slower than the
+    fast kind's best; the chosen plan written as a file evaluates to the same step time."""
+    from hetersim import hsearch
+
+    model = catalog.model("llama2-7b")
+    rows, ranked, res, n = hsearch.search(model, MIX, catalog, cal, dict(global_batch=64), 4096, top=3)
+    assert rows[0]["infeasible"] == 0 and n == len(ranked)
+    fast_only = [i for i, p in enumerate(hsearch.candidates(MIX, model, dict(global_batch=64))) if p.kinds() == [H100]]
+    best_fast = min(res["step_time_s"][i] for i in fast_only if res["infeasible"][i] == 0)
+    assert rows[0]["step_time_s"] <= best_fast * (1 + 1e-6)
+    assert [r["step_time_s"] for r in rows] == sorted(r["step_time_s"] for r in rows)
+    out = tmp_path / "best.toml"
+    args = ["plan", "--model", "llama2-7b", "--cluster", f"{A100}:4,{H100}:4", "--global-batch", "64", "--top", "2"]
+    res_cli = run([*args, "--out", str(out)])
+    assert res_cli.exit_code == 0, res_cli.stderr
+    again = hplan.read_plan_file(out)
+    assert all(s.layers is not None for p in again.pipelines for s in p.stages)  # the balanced split, written out
+    import json
+
+    ev = json.loads(run(["evaluate", "--model", "llama2-7b", "--plan", str(out), "--json"]).stdout)
+    assert ev["step_time_s"] == pytest.approx(rows[0]["step_time_s"], rel=1e-5)
+
+
+def test_bad_plan_search_input(tmp_path):
+    base = ["plan", "--model", "llama2-7b", "--global-batch", "64"]
+    assert_user_error(run(base), "--cluster")
+    assert_user_error(run([*base, "--cluster", f"{A100}:0"]), "positive count")
+    assert_user_error(run([*base, "--cluster", f"{A100}:4", "--top", "0"]), "--top")
+    study = tmp_path / "s.toml"
+    study.write_text('name = "x"\nmodel = "llama2-7b"\nclusters = ["a100-sxm-80gb:4"]\nfoo = 1\n[plan]\nglobal_batch = 8\n')
+    assert_user_error(run(["plan", "--study", str(study), "--out", str(tmp_path / "o")]), str(study), "foo")
+    study.write_text('name = "x"\nmodel = "llama2-7b"\nclusters = ["a100-sxm-80gb:4"]\n[plan]\nglobal_batch = 8\ntp = 2\n')
+    assert_user_error(run(["plan", "--study", str(study), "--out", str(tmp_path / "o")]), "plan.tp")
+    assert not (tmp_path / "o").exists()

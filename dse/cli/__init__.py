@@ -7,7 +7,7 @@ inside the commands so that ``--help`` stays fast.
 """
 
 # Importing a command module registers its commands, in the order `hetersim --help` lists them.
-from . import evaluate, validate, catalog, sweep, report, optimize, export  # noqa: F401, I001
+from . import evaluate, validate, catalog, sweep, report, optimize, export, plan  # noqa: F401, I001
 from .app import app, user_errors
 from .evaluate import configuration
 from .options import FIELD_FLAGS

@@ -218,7 +218,7 @@ HARDWARE_OPTIONS = {
             None,
             "--plan",
             help="A heterogeneous plan file (TOML/JSON): stages, their layers, and per replica the device kind "
-            "and TP (instead of --gpu/--tp/--pp/--dp; see docs/plans.md).",
+            "and TP (instead of --gpu/--tp/--pp/--dp; format: README, Heterogeneous plans).",
         ),
     ),
     "cxl_expander": (

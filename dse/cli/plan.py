@@ -1,0 +1,100 @@
+"""``hetersim plan``: the heterogeneous plan the model finds best for a mix of devices."""
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from dse import atomic
+from dse import format as fmt
+from hetersim.catalog import load_catalog
+
+from .app import app, status, user_errors
+from .options import PLAN_OPTIONS, fold_switches, with_flag, with_options
+
+_OWN_LAYOUT = ("gpus", "tp", "pp", "dp", "vp", "ep", "etp")  # the search chooses or fixes these
+OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
+
+
+@with_options(
+    OPTIONS,
+    model=(str | None, typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json path.")),
+    cluster=(str | None, typer.Option(None, "--cluster", help="The mix to lay the job out on: KIND:N,KIND:N.")),
+    study=(Path | None, typer.Option(None, "--study", help="A plan-search study (studies/plans/*.toml): every cluster's best plan.")),
+    catalog_files=(list[Path], typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable.")),
+    top=(int, typer.Option(10, "--top", help="How many of the best plans to list.")),
+    out=(Path | None, typer.Option(None, "--out", help="Write the best plan here as a plan file (TOML); with --study, the report's folder.")),
+    as_json=(bool, typer.Option(False, "--json", help="Print the ranking as JSON.")),
+)
+def plan(**options: Any) -> None:
+    """Search the heterogeneous plans of a mix (stages by kind, pipelines by kind, rank-ordered
+    layouts; TP per kind, layers and micro-batches balanced by speed) and rank them by step time.
+    The best is printed (and written with --out) as a plan file for ``evaluate --plan``."""
+    from hetersim import api, hplan, hsearch
+
+    model, cluster, top, out, as_json = (options.pop(k) for k in ("model", "cluster", "top", "out", "as_json"))
+    study = options.pop("study")
+    if study is not None:
+        from dse.plan_study import run_plan_study
+
+        if model is not None or cluster is not None:
+            raise ValueError("--study names the model and the clusters; leave --model and --cluster out")
+        if out is None:
+            raise ValueError("--study needs --out DIR (the report's folder)")
+        folder = run_plan_study(study, out, list(options.pop("catalog_files")))
+        status(f"wrote {folder / 'report.md'}")
+        return
+    if model is None or cluster is None:
+        raise ValueError("give --model and --cluster (or --study FILE)")
+    catalog = load_catalog(list(options.pop("catalog_files")))
+    if top < 1:
+        raise ValueError(f"--top must be a positive integer; got {top}")
+    if out is not None:
+        atomic.check_target(out, "--out")
+    rest = {k: v for k, v in fold_switches(options).items() if v is not None and not api._is_default(k, v)}
+    rest["offload"] = dict(rest.get("offload") or {})
+    if rest.get("global_batch") is None:
+        raise ValueError("missing option --global-batch")
+    label, entry = api._model(catalog, model)
+    counts = hplan.parse_cluster_counts(cluster)
+    mix = []
+    for kind, n in counts.items():
+        gpu = catalog.gpu(kind)
+        mix.append((kind, n, int(min(gpu.get("scaleup_domain", 8), gpu.get("gpus_per_node", 8)))))
+    seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
+    try:
+        api.configure(model=entry, gpu=mix[0][0], catalog=catalog, n_gpus=mix[0][1], **rest)  # the options' own checks
+    except ValueError as error:
+        if "n_gpus" not in str(error) and "global_batch" not in str(error):
+            raise with_flag(error) from None
+    status(f"{label} on {cluster}: evaluating the candidate plans (one compilation)...")
+    rows, ranked, res, n = hsearch.search(entry, mix, catalog, api.default_calibration(), rest, seq, top=top)
+    best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=cluster)
+    fixed = hplan.with_layers(ranked[0], [[int(x) for x in row] for row in best.mixed.stage_layers.tolist()])
+    header = f"hetersim plan --model {label} --cluster {cluster}: the best of {n} candidate plans\n" + (
+        f"step time {float(best.breakdown.step_time_s):.4f} s, MFU {100 * float(best.breakdown.mfu):.1f} %"
+    )
+    text = hplan.to_toml(fixed, header)
+    if out is not None:
+        atomic.write_text(out, text)
+    table = [
+        {
+            "rank": i + 1,
+            "step_time_s": r["step_time_s"],
+            "tokens_per_s": r["tokens_per_s"],
+            "mfu": r["mfu"],
+            "hbm_used_GiB": r["hbm_used_GiB"],
+            "feasible": r["infeasible"] == 0,
+            "plan": hsearch.describe(ranked[i]),
+        }
+        for i, r in enumerate(rows)
+    ]
+    if as_json:
+        typer.echo(fmt.dumps({"model": label, "cluster": cluster, "candidates": n, "ranking": table, "best": fixed.as_dict()}))
+        return
+    con = fmt.console()
+    fmt.print_plan_ranking(con, table, n)
+    con.print(text, markup=False, highlight=False)
+
+
+app.command("plan")(user_errors(plan))

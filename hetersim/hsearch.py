@@ -1,0 +1,169 @@
+"""The search that picks a heterogeneous plan for a given mix of devices (``hetersim plan``).
+
+Candidates are the plans that the published planners enumerate, written in :mod:`hetersim.hplan`:
+
+* **stages by kind** (Metis, Sailor): an order of the kinds, each kind's GPUs cut into ``s``
+  equal stages of one TP degree (its replicas the stage's GPUs over TP) — the choices of
+  Metis's planner, whose candidates are a device-group order, per-stage ``(dp, tp)`` and a layer
+  partition (SamsungLabs/Metis@4b24046f ``results/hetero_cost_model``: columns
+  ``node_sequence, device_groups, strategies(dp_deg, tp_deg), layer_partition``); a kind may be
+  left out;
+* **pipelines by kind** (FlashFlex/HexiScale's per-pipeline shapes, HetPipe's virtual workers):
+  each kind runs copies of its own pipeline of ``pp`` stages and TP degree, the micro-batches
+  shared by speed;
+* **rank-ordered** (AMP, Megatron's placement over a mixed rank list): one ``(tp, pp, dp)`` over
+  the ranks in kind order, stages that straddle two kinds holding replicas of both.
+
+TP stays inside a node (no device kind runs tensor parallelism over its NICs in these systems;
+Metis prunes it the same way) and divides the heads; stages never outnumber the layers. Layers
+are balanced by speed over the stages and micro-batches by speed over the replicas
+(:mod:`hetersim.hsim`); every candidate is evaluated in one ``jax.vmap`` batch and ranked by
+step time among those that fit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .hplan import HeteroPlan, Pipeline, Replica, Stage, from_shorthand
+
+TPS = (1, 2, 4, 8)
+MAX_STAGES = 16
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_ok(tp: int, gpus: int, node: int, heads: int, kv: int) -> bool:
+    return gpus % tp == 0 and tp <= node and heads % tp == 0 and kv % tp == 0
+
+
+def candidates(
+    mix: Sequence[tuple[str, int, int]], model: Mapping[str, Any], options: Mapping[str, Any], max_stages: int = MAX_STAGES
+) -> list[HeteroPlan]:
+    """Every candidate plan of a mix ``[(kind, GPUs, GPUs per node), ...]`` (see the module)."""
+    layers = int(model.get("layers", 0) or 0) + int(model.get("mtp_layers", 0) or 0)
+    heads = int(model.get("heads", 1) or 1)
+    kv = int(model.get("kv_heads", 0) or heads)
+    max_stages = min(max_stages, layers)
+    out: list[HeteroPlan] = []
+    seen: set[Any] = set()
+
+    def add(plan: HeteroPlan) -> None:
+        key = describe(plan)  # one layout written two ways (a rank order that is stages by kind) once
+        if key not in seen:
+            seen.add(key)
+            out.append(plan)
+
+    # Stages by kind: per kind its stage count and TP; all orders of the kinds used.
+    per_kind = []
+    for kind, n, node in mix:
+        opts = [None]  # the kind left out
+        for s in _divisors(n):
+            for tp in TPS:
+                if s <= max_stages and _tp_ok(tp, n // s, node, heads, kv):
+                    opts.append((kind, s, tp, n // s // tp))
+        per_kind.append(opts)
+    for choice in itertools.product(*per_kind):
+        used = [c for c in choice if c is not None]
+        if not used or sum(c[1] for c in used) > max_stages:
+            continue
+        for order in itertools.permutations(used):
+            stages = tuple(Stage(None, (Replica(k, tp, dp),)) for k, s, tp, dp in order for _ in range(s))
+            add(HeteroPlan((Pipeline(stages),), "speed", dict(options)))
+    # Pipelines by kind: copies of one pipeline shape per kind, micro-batches by speed.
+    per_kind = []
+    for kind, n, node in mix:
+        opts = [None]
+        for pp in _divisors(n):
+            for tp in TPS:
+                if pp <= max_stages and _tp_ok(tp, n // pp, node, heads, kv):
+                    opts.append((kind, pp, tp, n // pp // tp))
+        per_kind.append(opts)
+    for choice in itertools.product(*per_kind):
+        used = [c for c in choice if c is not None]
+        if len(used) < 2:
+            continue  # one kind alone is a stages-by-kind plan already
+        pipes = tuple(Pipeline(tuple(Stage(None, (Replica(k, tp, 1),)) for _ in range(pp)), count=c) for k, pp, tp, c in used)
+        add(HeteroPlan(pipes, "speed", dict(options)))
+    # Rank-ordered (tp, pp, dp) over the kinds in each order.
+    total = sum(n for _, n, _ in mix)
+    node = min(nd for _, _, nd in mix)
+    for order in itertools.permutations(mix):
+        groups = [(k, n) for k, n, _ in order]
+        for tp in TPS:
+            for pp in _divisors(total // tp) if total % tp == 0 else []:
+                if pp > max_stages or not _tp_ok(tp, total, node, heads, kv):
+                    continue
+                try:
+                    add(from_shorthand(groups, tp=tp, pp=pp, dp=total // (tp * pp), options=dict(options)))
+                except ValueError:
+                    continue  # a tensor-parallel group across two kinds
+    return out
+
+
+def evaluate_all(model_entry, plans: Sequence[HeteroPlan], catalog, cluster: Mapping[str, int], cal, seq_len: int, chunk: int = 512):
+    """Step time, throughput, MFU, HBM and flags of every plan: one compiled ``vmap`` over
+    chunks of plans padded to the largest (kinds in the cluster's order, the network between
+    kinds from those each plan uses)."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import build
+    from .hplan import to_arrays
+    from .hsim import HeteroSpec, common_plan, cross_network, hetero_spec, simulate_plan
+
+    kinds = list(cluster)
+    J = max(len(p.pipelines) for p in plans)
+    S = max(len(q.stages) for p in plans for q in p.pipelines)
+    R = max(len(s.replicas) for p in plans for q in p.pipelines for s in q.stages)
+    m = build.model_spec(model_entry)
+    plan_s = common_plan(plans[0], seq_len)
+    base = hetero_spec(plans[0], catalog, dict(cluster), shape=(J, S, R), kinds=kinds)
+
+    def one(arrays, used):
+        hs = HeteroSpec(systems=base.systems, cross=cross_network(base.systems, used), sp_auto=base.sp_auto, **arrays)
+        return simulate_plan(m, hs, plan_s, cal).total
+
+    run = jax.jit(jax.vmap(one))
+    keys = ("step_time_s", "tokens_per_s", "mfu", "hbm_used_GiB", "cost_usd", "infeasible")
+    out: dict[str, list] = {k: [] for k in keys}
+    chunk = min(chunk, len(plans))
+    for i in range(0, len(plans), chunk):
+        part = list(plans[i : i + chunk])
+        n = len(part)
+        part += [part[-1]] * (chunk - n)
+        arrays = {k: jnp.asarray(v) for k, v in to_arrays(part, kinds, (J, S, R)).items()}
+        used = jnp.asarray([[1.0 if k in p.kinds() else 0.0 for k in kinds] for p in part])
+        res = run(arrays, used)
+        for k in keys:
+            out[k].extend(np.asarray(getattr(res, k))[:n].tolist())
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def search(model_entry, mix, catalog, cal, options: Mapping[str, Any], seq_len: int, top: int = 10):
+    """(ranked rows, the plans in that order): every candidate of the mix evaluated, the feasible
+    ones by step time first, then the rest."""
+    plans = candidates(mix, model_entry, options)
+    cluster = {k: n for k, n, _ in mix}
+    res = evaluate_all(model_entry, plans, catalog, cluster, cal, seq_len)
+    feasible = res["infeasible"] == 0
+    order = np.lexsort((res["step_time_s"], ~feasible))
+    rows = []
+    for i in order[:top]:
+        rows.append({k: (v[i].item() if hasattr(v[i], "item") else v[i]) for k, v in res.items()} | {"index": int(i)})
+    return rows, [plans[i] for i in order], res, len(plans)
+
+
+def describe(plan: HeteroPlan) -> str:
+    """A one-line summary: ``2x[a100 tp4 x2 | h100 tp2 x4]`` (copies x [stages | ...])."""
+    parts = []
+    for p in plan.pipelines:
+        stages = " | ".join(" + ".join(f"{r.gpu} tp{r.tp} x{r.count}" for r in s.replicas) for s in p.stages)
+        parts.append(f"{p.count}x[{stages}]")
+    return ", ".join(parts)
