@@ -244,10 +244,7 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
     con.print(f"layout: {_layout(plan)}")
     if r.get("stack"):
         _print_stack(con, r["stack"])
-    if r.get("groups"):
-        print_groups(con, r["groups"])
-    if r.get("stages"):
-        print_stages(con, r["stages"])
+    _print_mix(con, r)
 
     step = r["step_time_s"]
     t = Table(title="Step time", title_justify="left")
@@ -445,6 +442,14 @@ def catalog_table(section: str, entries: Mapping[str, Mapping[str, Any]]) -> Tab
     for key, entry in entries.items():
         t.add_row(key, *(_cell(entry.get(field)) for field, _ in columns))
     return t
+
+
+def _print_mix(con: Console, r: Mapping[str, Any]) -> None:
+    """The device groups of a ``--cluster`` mix, or the stages of a plan file."""
+    if r.get("groups"):
+        print_groups(con, r["groups"])
+    if r.get("stages"):
+        print_stages(con, r["stages"])
 
 
 def print_plan_ranking(con: Console, rows: list[Mapping[str, Any]], n: int) -> None:

@@ -25,6 +25,7 @@ priced with the stages of :mod:`hetersim.simulate` on its own kind's specs, with
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -138,158 +139,226 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     """One heterogeneous plan in, its breakdown out. ``plan`` holds the fields every replica
     shares (micro-batch, sequence, precision, ZeRO, recomputation, stack, ...); its ``tp``, ``pp``,
     ``dp`` and ``n_gpus`` are replaced per slot."""
+    st = _structure(hs)
+    sys = jax.tree.map(lambda a: a[hs.kind], hs.systems)  # leaves [J, S, R, ...]
+    cross = jax.tree.map(lambda a: jnp.broadcast_to(a, (*st.bc, *a.shape)), hs.cross)
+    sys_x = dataclasses.replace(sys, network=cross)
+    lc, p2p = _costs(model, hs, plan, cal, st, sys, sys_x)
+    split = _layer_split(model, hs, st, lc)
+    t_terms, tau, group_sum = _latencies(model, hs, st, lc, p2p, split)
+    mb, batch_ok, stage_lat = _share_microbatches(hs, plan, st, tau)
+    busy = mb * tau  # [J, S, R]
+    stage_busy = jnp.max(busy, axis=2)
+    s_star = jnp.argmax(stage_busy, axis=1)  # [J] the busiest stage of each pipeline
+    r_star = jnp.argmax(jnp.take_along_axis(busy, s_star[:, None, None], axis=1)[:, 0], axis=1)
+    lat_star = jnp.take_along_axis(stage_lat, s_star[:, None], axis=1)[:, 0]
+    sums = jnp.max(jnp.where(st.on, group_sum, 0.0), axis=2)  # slowest replica of each group
+    bubble = jnp.where(st.depth > 1, (jnp.sum(jnp.where(st.s_on, sums, 0.0), axis=1) - lat_star) / plan.vp, 0.0)
+    n_dp, cross_dp = _dp_groups(model, hs, st, split)
+    out = _slots(model, hs, plan, cal, st, sys, sys_x, lc, t_terms, n_dp, split["layers"], mb, cross_dp)
+    oc = out["oc"]
+    J, S, R = st.bc
+    sync = jnp.where(st.on, out["dp"] + oc.optimizer_s + oc.exposed_s, 0.0).reshape(J, S * R)
+    pipe_step = jnp.where(st.p_on, jnp.max(stage_busy, axis=1) + bubble + jnp.max(sync, axis=1), 0.0)
+    j_star = jnp.argmax(pipe_step)
+    i_busy = j_star * S * R + s_star[j_star] * R + r_star[j_star]
+    i_sync = j_star * S * R + jnp.argmax(sync[j_star])
+
+    tb, m_b = _at(t_terms, i_busy), _at(mb, i_busy)
+    terms = dict(
+        compute_s=m_b * tb["compute_s"],
+        recompute_s=m_b * tb["recompute_s"],
+        tp_comm_s=m_b * tb["tp_s"],
+        cp_comm_s=m_b * tb["cp_s"],
+        pp_comm_s=m_b * tb["pp_s"],
+        dp_comm_s=_at(out["dp"], i_sync),
+        ep_comm_s=m_b * tb["ep_s"],
+        bubble_s=bubble[j_star],
+        optimizer_s=_at(oc.optimizer_s, i_sync),
+        offload_s=_at(oc.exposed_s, i_sync),
+    )
+    assert tuple(terms) == tuple(STEP_TERMS)
+    flags = jnp.where(split["ok"], 0, int(Infeasible.LAYERS_DIVIDE)) | jnp.where(batch_ok, 0, int(Infeasible.BATCH_DIVIDE))
+    total = _job(model, hs, plan, st, sys, out, terms, m_b, flags)
+    return HeteroBreakdown(
+        total=total,
+        stage_layers=split["layers"],
+        slot_microbatches=mb,
+        slot_time_s=tau,
+        slot_busy_s=busy,
+        slot_hbm_used_GiB=jnp.where(st.on, out["mem"].hbm / GiB, 0.0),
+        slot_infeasible=jnp.where(st.on, out["flags"], 0),
+        pipe_step_s=pipe_step,
+    )
+
+
+def _at(tree, i):
+    """Slot ``i`` of the flattened ``[J, S, R]`` leading axes of every leaf."""
+    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[3:])[i], tree)
+
+
+def _structure(hs: HeteroSpec) -> SimpleNamespace:
+    """Which pipelines, stages and slots exist, where each stage group starts, which groups hold
+    the first and the last stage, replicas per stage and the kinds of each stage."""
     J, S, R = hs.kind.shape
     p_on = hs.pipe_count > 0
     s_on = (hs.stage_count > 0) & p_on[:, None]
     on = (hs.count > 0) & s_on[..., None]
-    depth = jnp.sum(jnp.where(s_on, hs.stage_count, 0.0), axis=1)  # [J] stages per pipeline
-    start = jnp.cumsum(jnp.where(s_on, hs.stage_count, 0.0), axis=1) - jnp.where(s_on, hs.stage_count, 0.0)
-    first = s_on & (start == 0)
-    last = s_on & (start + hs.stage_count >= depth[:, None])
-    reps = jnp.sum(jnp.where(on, hs.count, 0.0), axis=2)  # [J, S] replicas of each stage
-    onehot = _kinds_onehot(hs, on)
-    kinds_of_stage = jnp.any(onehot, axis=2)  # [J, S, K]
+    counts = jnp.where(s_on, hs.stage_count, 0.0)
+    depth = jnp.sum(counts, axis=1)  # [J] stages per pipeline
+    start = jnp.cumsum(counts, axis=1) - counts
+    return SimpleNamespace(
+        bc=(J, S, R),
+        p_on=p_on,
+        s_on=s_on,
+        on=on,
+        depth=depth,
+        depth3=jnp.broadcast_to(depth[:, None, None], (J, S, R)),
+        start=start,
+        first=s_on & (start == 0),
+        last=s_on & (start + hs.stage_count >= depth[:, None]),
+        reps=jnp.sum(jnp.where(on, hs.count, 0.0), axis=2),  # [J, S]
+        kinds=jnp.any(_kinds_onehot(hs, on), axis=2),  # [J, S, K]
+        speed=hs.balance_code == 1,
+    )
 
-    # The data-parallel group of each stage: the replicas, over every pipeline copy, of the stage
-    # at the same position (exact where the pipelines split the layers alike; see n_dp below).
-    n_dp_pos = jnp.sum(hs.pipe_count[:, None] * reps, axis=0)  # [S]
-    n_dp0 = jnp.broadcast_to(n_dp_pos[None, :], (J, S))
 
-    sys = jax.tree.map(lambda a: a[hs.kind], hs.systems)  # leaves [J, S, R, ...]
-    sys_x = dataclasses.replace(sys, network=jax.tree.map(lambda a: jnp.broadcast_to(a, (J, S, R, *a.shape)), hs.cross))
+def _slot_plan(plan: Plan, hs: HeteroSpec, tp, n_dp, pp) -> Plan:
+    sp = jnp.where(hs.sp_auto > 0, jnp.where(tp > 1, 1.0, 0.0), plan.sp)
+    return dataclasses.replace(plan, tp=tp, pp=pp, dp=n_dp, n_gpus=tp * plan.cp * pp * n_dp, sp=sp)
 
-    def slot_plan(tp, n_dp, pp):
-        sp = jnp.where(hs.sp_auto > 0, jnp.where(tp > 1, 1.0, 0.0), plan.sp)
-        n = tp * plan.cp * pp * n_dp
-        return dataclasses.replace(plan, tp=tp, pp=pp, dp=n_dp, n_gpus=n, sp=sp)
+
+def _costs(model, hs, plan, cal, st, sys, sys_x):
+    """Per-layer costs of every slot (its kind, TP and the stage's data-parallel group at that
+    position over the copies) and its pipeline sends, over the network between kinds at a
+    boundary between stages on different kinds."""
+    n_dp_pos = jnp.sum(hs.pipe_count[:, None] * st.reps, axis=0)  # [S]
 
     def costs(system, system_x, tp, n_dp, pp):
-        p = compute.resolve_kernels(system.device, slot_plan(tp, n_dp, pp))
-        lc = layer_costs(model, system, p, cal)
-        return lc, p2p_chunk_s(model, system, p, cal), p2p_chunk_s(model, system_x, p, cal)
+        p = compute.resolve_kernels(system.device, _slot_plan(plan, hs, tp, n_dp, pp))
+        return layer_costs(model, system, p, cal), p2p_chunk_s(model, system, p, cal), p2p_chunk_s(model, system_x, p, cal)
 
-    bc = (J, S, R)
-    depth3 = jnp.broadcast_to(depth[:, None, None], bc)
-    vm = jax.vmap(jax.vmap(jax.vmap(costs)))
-    lc, p2p_own, p2p_x = vm(sys, sys_x, hs.tp, jnp.broadcast_to(n_dp0[..., None], bc), depth3)
+    n_dp3 = jnp.broadcast_to(n_dp_pos[None, :, None], st.bc)
+    lc, p2p_own, p2p_x = jax.vmap(jax.vmap(jax.vmap(costs)))(sys, sys_x, hs.tp, n_dp3, st.depth3)
 
-    # A send between two stages on different kinds crosses the network between kinds.
     def shifted(a, by):  # a[:, s + by], False past either end
         pad = jnp.zeros_like(a[:, :1])
         return jnp.concatenate([a[:, 1:], pad], axis=1) if by > 0 else jnp.concatenate([pad, a[:, :-1]], axis=1)
 
     def differs(by):
-        return shifted(s_on, by) & jnp.any(shifted(kinds_of_stage, by) != kinds_of_stage, axis=-1)
+        return shifted(st.s_on, by) & jnp.any(shifted(st.kinds, by) != st.kinds, axis=-1)
 
-    mixed_stage = jnp.sum(kinds_of_stage, axis=-1) > 1
-    boundary = mixed_stage | differs(1) | differs(-1)
+    boundary = (jnp.sum(st.kinds, axis=-1) > 1) | differs(1) | differs(-1)
     p2p = jnp.where(boundary[..., None], jnp.maximum(p2p_own, p2p_x), p2p_own)
-    p2p = jnp.where(depth3 > 1, p2p, 0.0)
+    return lc, jnp.where(st.depth3 > 1, p2p, 0.0)
 
-    # Layers of each stage: given, or balanced by speed over the stages (per-layer cost of a
-    # stage: its replicas' share of the micro-batches times their per-layer time).
+
+def _layer_split(model, hs, st, lc) -> dict[str, Any]:
+    """Layers of each stage: given, or balanced by speed over the stages (a stage's per-layer
+    cost: its replicas' share of the micro-batches times their per-layer time)."""
     lt = layer_time(lc)
-    total_layers = memory.stack_layers(model)
+    total = memory.stack_layers(model)
     if model.extra is None:
         per_layer = lt
     else:  # the mean of the model's dense and MoE layers
-        n_moe_all = memory.moe_stage_layers(model, total_layers)
-        per_layer = safe_div(n_moe_all * moe_layer_time(lc) + (total_layers - n_moe_all) * lt, total_layers)
-    speed = hs.balance_code == 1
-    inv = jnp.where(on, safe_div(hs.count, per_layer), 0.0)
-    cost_speed = safe_div(1.0, jnp.sum(inv, axis=2))
-    cost_equal = safe_div(jnp.max(jnp.where(on, per_layer, 0.0), axis=2), reps)
-    stage_cost = jnp.where(speed, cost_speed, cost_equal)
-    base, extra = jax.vmap(integer_split, in_axes=(None, 0, 0))(total_layers, jnp.where(s_on, hs.stage_count, 0.0), stage_cost)
-    balanced = jnp.any(s_on & (hs.stage_layers < 0), axis=1, keepdims=True)
+        n_moe = memory.moe_stage_layers(model, total)
+        per_layer = safe_div(n_moe * moe_layer_time(lc) + (total - n_moe) * lt, total)
+    cost_speed = safe_div(1.0, jnp.sum(jnp.where(st.on, safe_div(hs.count, per_layer), 0.0), axis=2))
+    cost_equal = safe_div(jnp.max(jnp.where(st.on, per_layer, 0.0), axis=2), st.reps)
+    cost = jnp.where(st.speed, cost_speed, cost_equal)
+    base, extra = jax.vmap(integer_split, in_axes=(None, 0, 0))(total, jnp.where(st.s_on, hs.stage_count, 0.0), cost)
+    balanced = jnp.any(st.s_on & (hs.stage_layers < 0), axis=1, keepdims=True)
     base = jnp.where(balanced, base, jnp.maximum(hs.stage_layers, 0.0))
     extra = jnp.where(balanced, extra, 0.0)
-    layers = jnp.where(s_on, base + (extra > 0), 0.0)  # the busiest stage of each group
-    covered = jnp.abs(jnp.sum(jnp.where(s_on, hs.stage_count * base + extra, 0.0), axis=1) - total_layers) < 0.5
-    layers_ok = jnp.all(jnp.where(p_on, covered, True)) & jnp.all(jnp.where(s_on & balanced, base >= 1.0, True))
+    held = jnp.where(st.s_on, hs.stage_count * base + extra, 0.0)  # layers of each group of stages
+    covered = jnp.abs(jnp.sum(held, axis=1) - total) < 0.5
+    ok = jnp.all(jnp.where(st.p_on, covered, True)) & jnp.all(jnp.where(st.s_on & balanced, base >= 1.0, True))
+    layers = jnp.where(st.s_on, base + (extra > 0), 0.0)  # the busiest stage of each group
+    return dict(base=base, extra=extra, layers=layers, held=held, ok=ok, lt=lt, total=total)
 
-    # Per micro-batch time of each slot's stage (the head and MTP heads on the last stage).
-    head_mult = jnp.where(last, 1.0 + model.mtp_layers, 0.0)
+
+def _latencies(model, hs, st, lc, p2p, split):
+    """Per micro-batch terms and time of each slot's stage (the head and MTP heads on the last),
+    and the sum of the latencies of a group's stages (``base`` layers each, ``extra`` one more)."""
 
     def times(lc, layers, p2p, head):
-        n_moe = memory.moe_stage_layers(model, layers)
-        t = stage_times(lc, layers, p2p, lc.head * head, n_moe)
+        t = stage_times(lc, layers, p2p, lc.head * head, memory.moe_stage_layers(model, layers))
         return t, t["compute_s"] + t["recompute_s"] + t["tp_s"] + t["cp_s"] + t["ep_s"] + t["pp_s"]
 
     tv = jax.vmap(jax.vmap(jax.vmap(times)))
-    t_terms, tau = tv(lc, jnp.broadcast_to(layers[..., None], bc), p2p, jnp.broadcast_to(head_mult[..., None], bc))
-    tau = jnp.where(on, tau, 0.0)
-    # The sum over a group's stages of their latencies: base layers each, `extra` with one more.
-    _, tau_base = tv(lc, jnp.broadcast_to(base[..., None], bc), p2p, jnp.zeros(bc))
-    head_s = lc.head * (1.0 + model.mtp_layers)
-    group_sum = hs.stage_count[..., None] * tau_base + extra[..., None] * lt + jnp.where(last[..., None], head_s, 0.0)
+    head_mult = jnp.where(st.last, 1.0 + model.mtp_layers, 0.0)
+    b = jnp.broadcast_to
+    t_terms, tau = tv(lc, b(split["layers"][..., None], st.bc), p2p, b(head_mult[..., None], st.bc))
+    _, tau_base = tv(lc, b(split["base"][..., None], st.bc), p2p, jnp.zeros(st.bc))
+    head_s = jnp.where(st.last[..., None], lc.head * (1.0 + model.mtp_layers), 0.0)
+    group_sum = hs.stage_count[..., None] * tau_base + split["extra"][..., None] * split["lt"] + head_s
+    return t_terms, jnp.where(st.on, tau, 0.0), group_sum
 
-    # Micro-batches: over the pipeline copies, then in every stage over its replicas.
+
+def _share_microbatches(hs, plan, st, tau):
+    """Micro-batches per replica: over the pipeline copies, then in every stage over its replicas
+    (``equal``, by ``speed`` or as given). Returns (per replica, whether the shares add up, each
+    stage's latency)."""
     n_total = jnp.maximum(safe_div(plan.global_batch, plan.micro_batch, 1.0), 1.0)
+    speed = st.speed
     stage_lat = jnp.max(tau, axis=2)  # [J, S]
-    stage_rate_speed = jnp.sum(jnp.where(on, safe_div(hs.count, tau), 0.0), axis=2)
-    stage_period = jnp.where(speed, safe_div(1.0, stage_rate_speed), safe_div(stage_lat, reps))
-    pipe_period = jnp.max(jnp.where(s_on, stage_period, 0.0), axis=1)
-    copies = jnp.sum(jnp.where(p_on, hs.pipe_count, 0.0))
-    given_p = jnp.all(jnp.where(p_on, hs.pipe_mb > 0, True))
-    pb, pe = integer_split(n_total, jnp.where(p_on, hs.pipe_count, 0.0), jnp.where(speed, pipe_period, 1.0))
-    n_pipe_eq = safe_div(n_total, copies)
-    n_pipe = jnp.where(given_p, hs.pipe_mb, jnp.where(speed, pb + (pe > 0), n_pipe_eq))
-    n_pipe = jnp.where(p_on, n_pipe, 0.0)
-    batch_ok = jnp.where(given_p, jnp.abs(jnp.sum(hs.pipe_mb * hs.pipe_count) - n_total) < 0.5, True)
-    batch_ok &= speed | given_p | (jnp.abs(n_pipe_eq - jnp.round(n_pipe_eq)) < 1e-6)
+    rate = jnp.sum(jnp.where(st.on, safe_div(hs.count, tau), 0.0), axis=2)
+    period = jnp.where(speed, safe_div(1.0, rate), safe_div(stage_lat, st.reps))
+    pipe_period = jnp.max(jnp.where(st.s_on, period, 0.0), axis=1)
+    copies = jnp.sum(jnp.where(st.p_on, hs.pipe_count, 0.0))
+    given = jnp.all(jnp.where(st.p_on, hs.pipe_mb > 0, True))
+    pb, pe = integer_split(n_total, jnp.where(st.p_on, hs.pipe_count, 0.0), jnp.where(speed, pipe_period, 1.0))
+    equal = safe_div(n_total, copies)
+    n_pipe = jnp.where(st.p_on, jnp.where(given, hs.pipe_mb, jnp.where(speed, pb + (pe > 0), equal)), 0.0)
+    ok = jnp.where(given, jnp.abs(jnp.sum(hs.pipe_mb * hs.pipe_count) - n_total) < 0.5, True)
+    ok &= speed | given | (jnp.abs(equal - jnp.round(equal)) < 1e-6)
 
-    def split_stage(n, count, tau_r, given, present):
+    def split_stage(n, count, tau_r, mine, present):
         b, e = integer_split(n, count, tau_r)
         eq = safe_div(n, jnp.sum(count))
-        use_given = jnp.all(jnp.where(present, given > 0, True))
-        m = jnp.where(use_given, given, jnp.where(speed, b + (e > 0), eq))
-        ok = jnp.where(use_given, jnp.abs(jnp.sum(jnp.where(present, given * count, 0.0)) - n) < 0.5, True)
-        ok &= speed | use_given | (jnp.abs(eq - jnp.round(eq)) < 1e-6)
-        return jnp.where(present, m, 0.0), ok
+        use = jnp.all(jnp.where(present, mine > 0, True))
+        m = jnp.where(use, mine, jnp.where(speed, b + (e > 0), eq))
+        good = jnp.where(use, jnp.abs(jnp.sum(jnp.where(present, mine * count, 0.0)) - n) < 0.5, True)
+        good &= speed | use | (jnp.abs(eq - jnp.round(eq)) < 1e-6)
+        return jnp.where(present, m, 0.0), good
 
     mb, stage_ok = jax.vmap(jax.vmap(split_stage, in_axes=(None, 0, 0, 0, 0)))(
-        n_pipe, jnp.where(on, hs.count, 0.0), jnp.where(on, tau, BIG), hs.rep_mb, on
+        n_pipe, jnp.where(st.on, hs.count, 0.0), jnp.where(st.on, tau, BIG), hs.rep_mb, st.on
     )
-    batch_ok &= jnp.all(jnp.where(s_on, stage_ok, True)) & jnp.all(jnp.where(on, mb >= 1.0, True))
+    ok &= jnp.all(jnp.where(st.s_on, stage_ok, True)) & jnp.all(jnp.where(st.on, mb >= 1.0, True))
+    return mb, ok, stage_lat
 
-    busy = mb * tau  # [J, S, R]
-    stage_busy = jnp.max(busy, axis=2)
-    s_star = jnp.argmax(stage_busy, axis=1)  # [J]
-    r_star = jnp.argmax(jnp.take_along_axis(busy, s_star[:, None, None], axis=1)[:, 0], axis=1)
-    pipe_busy = jnp.max(stage_busy, axis=1)
-    lat_star = jnp.take_along_axis(stage_lat, s_star[:, None], axis=1)[:, 0]
-    sums = jnp.max(jnp.where(on, group_sum, 0.0), axis=2)  # slowest replica of each group
-    bubble = jnp.where(depth > 1, (jnp.sum(jnp.where(s_on, sums, 0.0), axis=1) - lat_star) / plan.vp, 0.0)
 
-    # The data-parallel group of each stage's layers: every copy's replicas holding its first layer.
-    held = jnp.where(s_on, hs.stage_count * base + extra, 0.0)  # layers of each group of stages
+def _dp_groups(model, hs, st, split):
+    """The data-parallel group of each stage's layers: every copy's replicas of the stages holding
+    its first layer (the embedding at 0 / the head at the end for a stage without layers), and
+    whether that group spans two kinds."""
+    held, total = split["held"], split["total"]
     hi = jnp.cumsum(held, axis=1)
     lo = hi - held
-    mid = lo + jnp.where(held > 0, 0.5, 0.0)
 
     def group_of(x):
-        """Replicas over all copies of the stages holding position ``x`` (a layer, or the
-        embedding at 0 / the head at the end for a stage without layers) and their kinds."""
-        ends = ((x == 0.0) & first) | ((x >= total_layers) & last)
-        inside = s_on & jnp.where(held > 0, (lo <= x) & (x < hi), (x == lo) & ends)
-        n = jnp.sum(jnp.where(inside, hs.pipe_count[:, None] * reps, 0.0))
-        k = jnp.any(jnp.where(inside[..., None], kinds_of_stage, False), axis=(0, 1))
-        return n, k
+        ends = ((x == 0.0) & st.first) | ((x >= total) & st.last)
+        inside = st.s_on & jnp.where(held > 0, (lo <= x) & (x < hi), (x == lo) & ends)
+        n = jnp.sum(jnp.where(inside, hs.pipe_count[:, None] * st.reps, 0.0))
+        return n, jnp.any(jnp.where(inside[..., None], st.kinds, False), axis=(0, 1))
 
-    n_dp, dp_kinds = jax.vmap(jax.vmap(group_of))(mid)
-    n_dp = jnp.where(s_on, jnp.maximum(n_dp, 1.0), 1.0)
-    cross_dp = jnp.sum(dp_kinds, axis=-1) > 1  # [J, S]
+    n_dp, kinds = jax.vmap(jax.vmap(group_of))(lo + jnp.where(held > 0, 0.5, 0.0))
+    return jnp.where(st.s_on, jnp.maximum(n_dp, 1.0), 1.0), jnp.sum(kinds, axis=-1) > 1
 
-    inflight = jnp.minimum(jnp.broadcast_to((depth[:, None] - start)[..., None], bc), mb)
-    inflight = inflight * (1.0 + (depth3 - 1.0) / (depth3 * plan.vp) * (plan.vp > 1))
+
+def _slots(model, hs, plan, cal, st, sys, sys_x, lc, t_terms, n_dp, layers, mb, cross_dp):
+    """Every slot's synchronisation, optimizer, offload, memory and flags (the stages of
+    :func:`hetersim.simulate.simulate` on the slot's stage)."""
+    inflight = jnp.minimum(jnp.broadcast_to((st.depth[:, None] - st.start)[..., None], st.bc), mb)
+    inflight = inflight * (1.0 + (st.depth3 - 1.0) / (st.depth3 * plan.vp) * (plan.vp > 1))
     # Vocabulary matrices of a group's busiest stage: the embedding on the first, the head on the
     # last; both (one when tied) where one stage is the whole pipeline.
-    alone = first & last & (hs.stage_count <= 1)
-    vocab = jnp.where(alone, 2.0 - model.tied_embeddings, jnp.where(first | last, 1.0, 0.0))
+    alone = st.first & st.last & (hs.stage_count <= 1)
+    vocab = jnp.where(alone, 2.0 - model.tied_embeddings, jnp.where(st.first | st.last, 1.0, 0.0))
 
-    def rest(system, system_x, lc_, t, tp, n_dp_, pp, layers_, m, infl, vocab_, last_, cross_):
-        p = compute.resolve_kernels(system.device, slot_plan(tp, n_dp_, pp))
+    def rest(system, system_x, t, tp, n_dp_, pp, layers_, m, infl, vocab_, last_, cross_):
+        p = compute.resolve_kernels(system.device, _slot_plan(plan, hs, tp, n_dp_, pp))
         pipe = PipelineStep(n_micro=m, layers=layers_, bubble_s=0.0, **t)
         sys_dp = jax.tree.map(lambda a, b: jnp.where(cross_, b, a), system, system_x)
         dp = dp_comm_s(model, sys_dp, p, cal, pipe, vocab_)
@@ -300,97 +369,48 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
         return dict(dp=dp, states=states, oc=oc, mem=mem, flags=f.astype(jnp.int32), plan=p)
 
     def b3(x):
-        return jnp.broadcast_to(x[..., None], bc)
+        return jnp.broadcast_to(x[..., None], st.bc)
 
-    rv = jax.vmap(jax.vmap(jax.vmap(rest)))
-    out = rv(sys, sys_x, lc, t_terms, hs.tp, b3(n_dp), depth3, b3(layers), mb, inflight, b3(vocab), b3(last), b3(cross_dp))
-    oc = out["oc"]
-    sync = jnp.where(on, out["dp"] + oc.optimizer_s + oc.exposed_s, 0.0)  # [J, S, R]
-    flat = J * S * R
-    sync_max = jnp.max(sync.reshape(J, S * R), axis=1)
-    pipe_step = jnp.where(p_on, pipe_busy + bubble + sync_max, 0.0)
-    j_star = jnp.argmax(pipe_step)
-    i_sync = jnp.argmax(sync.reshape(J, S * R)[j_star])
-    i_busy = s_star[j_star] * R + r_star[j_star]
+    args = (hs.tp, b3(n_dp), st.depth3, b3(layers), mb, inflight, b3(vocab), b3(st.last), b3(cross_dp))
+    return jax.vmap(jax.vmap(jax.vmap(rest)))(sys, sys_x, t_terms, *args)
 
-    def at(tree, i):
-        return jax.tree.map(lambda a: a.reshape(flat, *a.shape[3:])[j_star * S * R + i], tree)
 
-    tb = at(t_terms, i_busy)
-    m_b = at(mb, i_busy)
-    terms = dict(
-        compute_s=m_b * tb["compute_s"],
-        recompute_s=m_b * tb["recompute_s"],
-        tp_comm_s=m_b * tb["tp_s"],
-        cp_comm_s=m_b * tb["cp_s"],
-        pp_comm_s=m_b * tb["pp_s"],
-        dp_comm_s=at(out["dp"], i_sync),
-        ep_comm_s=m_b * tb["ep_s"],
-        bubble_s=bubble[j_star],
-        optimizer_s=at(oc.optimizer_s, i_sync),
-        offload_s=at(oc.exposed_s, i_sync),
-    )
-    assert tuple(terms) == tuple(STEP_TERMS)
+def _job(model, hs, plan, st, sys, out, terms, n_micro, flags) -> Breakdown:
+    """Job-level rates over every slot's GPUs; memory, goodput and flags of the slot nearest its
+    capacity (any slot's flags count)."""
     step = sum(terms.values())
-
-    # Job-level rates over every slot's GPUs.
-    gpus = jnp.where(on, hs.count * hs.tp * plan.cp * hs.pipe_count[:, None, None] * hs.stage_count[..., None], 0.0)
+    gpus = jnp.where(st.on, hs.count * hs.tp * plan.cp * hs.pipe_count[:, None, None] * hs.stage_count[..., None], 0.0)
     dev = sys.device
     n_gpus = jnp.sum(gpus)
-    job_plan = dataclasses.replace(plan, n_gpus=n_gpus)
     usd = jnp.sum(gpus * dev.price_usd_per_hour)
     power = jnp.sum(gpus * dev.tdp_W)
-    rates = throughput(
-        model,
-        job_plan,
-        step,
-        n_gpus=n_gpus,
-        peak_tflops=jnp.sum(gpus * dev.peak_tflops[..., plan.precision_code]),
-        usd_per_hour=usd,
-        power_W=power,
-    )
+    peak = jnp.sum(gpus * dev.peak_tflops[..., plan.precision_code])
+    job_plan = dataclasses.replace(plan, n_gpus=n_gpus)
+    rates = throughput(model, job_plan, step, n_gpus=n_gpus, peak_tflops=peak, usd_per_hour=usd, power_W=power)
     mem = out["mem"]
-    fit = jnp.where(on, safe_div(mem.hbm / GiB, dev.hbm_capacity_GiB), -1.0).reshape(flat)
-    i_mem = jnp.argmax(fit)
-
-    def at_flat(tree, i):
-        return jax.tree.map(lambda a: a.reshape(flat, *a.shape[3:])[i], tree)
-
-    system_m = at_flat(sys, i_mem)
-    plan_m = dataclasses.replace(at_flat(out["plan"], i_mem), n_gpus=n_gpus)
-    states_m = at_flat(out["states"], i_mem)
+    i_mem = jnp.argmax(jnp.where(st.on, safe_div(mem.hbm / GiB, dev.hbm_capacity_GiB), -1.0).reshape(-1))
+    system_m = _at(sys, i_mem)
+    plan_m = dataclasses.replace(_at(out["plan"], i_mem), n_gpus=n_gpus)
     gp, gp_flags = goodput_terms.goodput(
-        model, system_m, plan_m, states_m, step_s=step, time_to_train_s=rates.time_to_train_s, usd_per_hour=usd, power_W=power
-    )
-    slot_flags = jnp.where(on, out["flags"], 0)
-    flags = _any_flags(slot_flags.reshape(flat)) | gp_flags
-    flags |= jnp.where(layers_ok, 0, int(Infeasible.LAYERS_DIVIDE))
-    flags |= jnp.where(batch_ok, 0, int(Infeasible.BATCH_DIVIDE))
+        model, system_m, plan_m, _at(out["states"], i_mem), step_s=step, time_to_train_s=rates.time_to_train_s,
+        usd_per_hour=usd, power_W=power,
+    )  # fmt: skip
+    flags = flags | _any_flags(jnp.where(st.on, out["flags"], 0).reshape(-1)) | gp_flags
     flags |= jnp.where(n_gpus > 0, 0, int(Infeasible.GPU_COUNT))
-    mem_m = at_flat(mem, i_mem)
+    mem_m = _at(mem, i_mem)
     need = goodput_terms.memory_tier_need_GiB(plan_m, gp)
     over = (mem_m.tier_used_GiB + need > mem_m.tier_capacity_GiB) & (need > 0) & (system_m.host.tier_present > 0)
     flags |= jnp.where(jnp.any(over), int(Infeasible.TIER_CAPACITY), 0)
-    total = breakdown(
+    return breakdown(
         terms,
         rates,
         mem_m,
-        at_flat(oc, i_mem),
+        _at(out["oc"], i_mem),
         gp,
         hbm_capacity_GiB=system_m.device.hbm_capacity_GiB,
-        n_micro=at(mb, i_busy),
+        n_micro=n_micro,
         params=total_params(model),
         infeasible=flags.astype(jnp.int32),
-    )
-    return HeteroBreakdown(
-        total=total,
-        stage_layers=layers,
-        slot_microbatches=mb,
-        slot_time_s=tau,
-        slot_busy_s=busy,
-        slot_hbm_used_GiB=jnp.where(on, mem.hbm / GiB, 0.0),
-        slot_infeasible=slot_flags,
-        pipe_step_s=pipe_step,
     )
 
 

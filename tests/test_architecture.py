@@ -202,6 +202,7 @@ moe_imbalance = 1.0
 mla_up_proj = false
 fused_experts = false
 pp_layout = false
+fragmentation = 0.0
 """
 
 
