@@ -180,16 +180,17 @@ def _int(where: str, key: str, value: Any, low: int = 1) -> int:
 
 
 def _keys(where: str, table: Any, allowed: set[str], what: str) -> Mapping[str, Any]:
+    """``table`` is a table whose keys are all ``allowed``."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{where}: must be a table of {what}")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
     return table
 
 
 def _replica(where: str, table: Any) -> Replica:
     table = _keys(where, table, _REPLICA, "replica keys")
-    unknown = sorted(set(table) - _REPLICA)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_REPLICA))}")
     if not isinstance(table.get("gpu"), str) or not table["gpu"].strip():
         raise ValueError(f"{where}: gpu must name a device kind (a catalog key)")
     mb = table.get("micro_batches")
@@ -203,9 +204,6 @@ def _replica(where: str, table: Any) -> Replica:
 
 def _stage(where: str, table: Any) -> Stage:
     table = _keys(where, table, _STAGE, "stage keys")
-    unknown = sorted(set(table) - _STAGE)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_STAGE))}")
     layers = table.get("layers")
     layers = None if layers is None else _int(where, "layers", layers, low=0)
     inline = {k for k in ("gpu", "tp", "dp", "count") if k in table}
@@ -228,9 +226,6 @@ def _stage(where: str, table: Any) -> Stage:
 
 def _pipeline(where: str, table: Any) -> Pipeline:
     table = _keys(where, table, _PIPE, "pipeline keys")
-    unknown = sorted(set(table) - _PIPE)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_PIPE))}")
     stages = table.get("stage")
     if not isinstance(stages, list) or not stages:
         raise ValueError(f"{where}: needs at least one [[stage]] (or [[pipeline.stage]]) table")

@@ -60,32 +60,28 @@ def candidates(
             seen.add(key)
             out.append(plan)
 
+    def per_kind():
+        """Per kind: None (left out) or (kind, stages, tp, replicas per stage) for each way to cut
+        its GPUs into equal stages of one TP degree inside a node."""
+        out = []
+        for kind, n, node in mix:
+            opts: list[Any] = [None]
+            for s in _divisors(n):
+                opts += [(kind, s, tp, n // s // tp) for tp in TPS if s <= max_stages and _tp_ok(tp, n // s, node, heads, kv)]
+            out.append(opts)
+        return out
+
     # Stages by kind: per kind its stage count and TP; all orders of the kinds used.
-    per_kind = []
-    for kind, n, node in mix:
-        opts = [None]  # the kind left out
-        for s in _divisors(n):
-            for tp in TPS:
-                if s <= max_stages and _tp_ok(tp, n // s, node, heads, kv):
-                    opts.append((kind, s, tp, n // s // tp))
-        per_kind.append(opts)
-    for choice in itertools.product(*per_kind):
+    for choice in itertools.product(*per_kind()):
         used = [c for c in choice if c is not None]
         if not used or sum(c[1] for c in used) > max_stages:
             continue
         for order in itertools.permutations(used):
             stages = tuple(Stage(None, (Replica(k, tp, dp),)) for k, s, tp, dp in order for _ in range(s))
             add(HeteroPlan((Pipeline(stages),), "speed", dict(options)))
-    # Pipelines by kind: copies of one pipeline shape per kind, micro-batches by speed.
-    per_kind = []
-    for kind, n, node in mix:
-        opts = [None]
-        for pp in _divisors(n):
-            for tp in TPS:
-                if pp <= max_stages and _tp_ok(tp, n // pp, node, heads, kv):
-                    opts.append((kind, pp, tp, n // pp // tp))
-        per_kind.append(opts)
-    for choice in itertools.product(*per_kind):
+    # Pipelines by kind: copies of one pipeline shape per kind (pp stages, each copy's stages one
+    # replica of TP tp: as many copies as the stages have replicas), micro-batches by speed.
+    for choice in itertools.product(*per_kind()):
         used = [c for c in choice if c is not None]
         if len(used) < 2:
             continue  # one kind alone is a stages-by-kind plan already
