@@ -163,3 +163,40 @@ def describe(plan: HeteroPlan) -> str:
         stages = " | ".join(" + ".join(f"{r.gpu} tp{r.tp} x{r.count}" for r in s.replicas) for s in p.stages)
         parts.append(f"{p.count}x[{stages}]")
     return ", ".join(parts)
+
+
+def mixes_within(kinds: Sequence[tuple[str, float, int]], budget: float, low: float = 0.85, max_gpus: int = 256) -> list:
+    """Mixes ``[(kind, GPUs, node), ...]`` of whole nodes whose hourly price is within
+    ``[low * budget, budget]`` (``kinds``: ``(kind, $/GPU-hour, GPUs per node)``), at most
+    ``max_gpus`` GPUs of a kind; a kind may be absent."""
+    ranges = [range(0, max_gpus // node + 1) for _, _, node in kinds]
+    out = []
+    for nodes in itertools.product(*ranges):
+        price = sum(n * node * p for n, (_, p, node) in zip(nodes, kinds, strict=True))
+        if low * budget <= price <= budget and any(nodes):
+            out.append([(k, n * node, node) for n, (k, _, node) in zip(nodes, kinds, strict=True) if n])
+    return out
+
+
+def search_budget(model_entry, kinds, budget, catalog, cal, options, seq_len: int, top: int = 10):
+    """The best plans of every mix a budget buys (:func:`mixes_within`), all in one batch, ranked
+    by step time (the same global batch: the fastest trains soonest). Returns (rows with their
+    mix, the plans in that order, the number of mixes, the number of plans)."""
+    mixes = mixes_within(kinds, budget)
+    if not mixes:
+        raise ValueError(f"budget: ${budget:g}/h buys no mix of whole nodes within 85-100 % of it")
+    plans, owner = [], []
+    for i, mix in enumerate(mixes):
+        for p in candidates(mix, model_entry, options):
+            plans.append(p)
+            owner.append(i)
+    widest = {k: max([n for mix in mixes for kk, n, _ in mix if kk == k], default=0) for k, _, _ in kinds}
+    res = evaluate_all(model_entry, plans, catalog, {k: n for k, n in widest.items() if n}, cal, seq_len)
+    order = np.lexsort((res["step_time_s"], res["infeasible"] != 0))
+    rows = []
+    for i in order[:top]:
+        mix = mixes[owner[i]]
+        price = sum(n * float(catalog.gpu(k)["price_usd_per_hour"]) for k, n, _ in mix)
+        row = {k: v[i].item() for k, v in res.items()}
+        rows.append(row | {"mix": ",".join(f"{k}:{n}" for k, n, _ in mix), "usd_per_hour": price, "index": int(i)})
+    return rows, [plans[i] for i in order], len(mixes), len(plans)

@@ -362,3 +362,18 @@ def test_bad_plan_search_input(tmp_path):
     study.write_text('name = "x"\nmodel = "llama2-7b"\nclusters = ["a100-sxm-80gb:4"]\n[plan]\nglobal_batch = 8\ntp = 2\n')
     assert_user_error(run(["plan", "--study", str(study), "--out", str(tmp_path / "o")]), "plan.tp")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_budget_buys_whole_nodes_within_it_and_bad_budget_flags_are_refused():
+    from hetersim import hsearch
+
+    kinds = [(A100, 2.7, 8), (H100, 6.155, 8)]
+    mixes = hsearch.mixes_within(kinds, 200.0)
+    price = {k: p for k, p, _ in kinds}
+    assert mixes and all(0.85 * 200 <= sum(n * price[k] for k, n, _ in m) <= 200 for m in mixes)
+    assert all(n % 8 == 0 for m in mixes for _, n, _ in m)
+    assert any(len(m) == 2 for m in mixes) and any(len(m) == 1 for m in mixes)
+    base = ["plan", "--model", "llama2-7b", "--global-batch", "64"]
+    assert_user_error(run([*base, "--budget", "100"]), "--budget", "--kinds")
+    assert_user_error(run([*base, "--budget", "100", "--kinds", A100, "--cluster", f"{A100}:8"]), "--cluster", "--budget")
+    assert_user_error(run([*base, "--budget", "-1", "--kinds", A100]), "--budget")

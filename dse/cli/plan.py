@@ -1,5 +1,6 @@
 """``hetersim plan``: the heterogeneous plan the model finds best for a mix of devices."""
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
     OPTIONS,
     model=(str | None, typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json path.")),
     cluster=(str | None, typer.Option(None, "--cluster", help="The mix to lay the job out on: KIND:N,KIND:N.")),
+    budget=(float | None, typer.Option(None, "--budget", help="Instead of --cluster: an hourly budget ($) to buy a mix of --kinds with.")),
+    kinds=(str | None, typer.Option(None, "--kinds", help="With --budget: the device kinds a mix may hold, KIND,KIND.")),
     study=(Path | None, typer.Option(None, "--study", help="A plan-search study (studies/plans/*.toml): every cluster's best plan.")),
     catalog_files=(list[Path], typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable.")),
     top=(int, typer.Option(10, "--top", help="How many of the best plans to list.")),
@@ -44,8 +47,15 @@ def plan(**options: Any) -> None:
         folder = run_plan_study(study, out, list(options.pop("catalog_files")))
         status(f"wrote {folder / 'report.md'}")
         return
-    if model is None or cluster is None:
-        raise ValueError("give --model and --cluster (or --study FILE)")
+    budget, kinds = options.pop("budget"), options.pop("kinds")
+    if (budget is None) != (kinds is None):
+        raise ValueError("--budget and --kinds go together (the kinds a budget may buy)")
+    if budget is not None and cluster is not None:
+        raise ValueError("give --cluster (a mix you have) or --budget with --kinds (a mix to buy), not both")
+    if model is None or (cluster is None and budget is None):
+        raise ValueError("give --model and --cluster (or --budget with --kinds, or --study FILE)")
+    if budget is not None and not budget > 0:
+        raise ValueError(f"--budget must be a positive $ per hour; got {budget}")
     catalog = load_catalog(list(options.pop("catalog_files")))
     if top < 1:
         raise ValueError(f"--top must be a positive integer; got {top}")
@@ -56,6 +66,9 @@ def plan(**options: Any) -> None:
     if rest.get("global_batch") is None:
         raise ValueError("missing option --global-batch")
     label, entry = api._model(catalog, model)
+    if budget is not None:
+        _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json)
+        return
     counts = hplan.parse_cluster_counts(cluster)
     mix = []
     for kind, n in counts.items():
@@ -94,6 +107,35 @@ def plan(**options: Any) -> None:
         return
     con = fmt.console()
     fmt.print_plan_ranking(con, table, n)
+    con.print(text, markup=False, highlight=False)
+
+
+def _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json) -> None:
+    """``--budget``: the best plan of every mix of ``kinds`` the budget buys."""
+    from hetersim import api, hplan, hsearch
+
+    table = []
+    for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
+        gpu = catalog.gpu(kind)
+        node = int(min(gpu.get("scaleup_domain", 8), gpu.get("gpus_per_node", 8)))
+        table.append((kind, float(gpu["price_usd_per_hour"]), node))
+    seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
+    status(f"{label}: every mix of {kinds} within 85-100 % of ${budget:g}/h and its candidate plans...")
+    rows, ranked, n_mix, n = hsearch.search_budget(entry, table, budget, catalog, api.default_calibration(), rest, seq, top)
+    best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=rows[0]["mix"])
+    fixed = hplan.with_layers(ranked[0], [[int(x) for x in r] for r in best.mixed.stage_layers.tolist()])
+    header = f"hetersim plan --model {label} --budget {budget:g} --kinds {kinds}: best of {n} plans over {n_mix} mixes\n"
+    text = hplan.to_toml(dataclasses.replace(fixed, cluster=rows[0]["mix"]), header + f"mix {rows[0]['mix']} at ${rows[0]['usd_per_hour']:.1f}/h")
+    if out is not None:
+        atomic.write_text(out, text)
+    for i, r in enumerate(rows):
+        r.update(rank=i + 1, feasible=r["infeasible"] == 0, plan=f"{r['mix']} ${r['usd_per_hour']:.0f}/h: {hsearch.describe(ranked[i])}")
+    if as_json:
+        typer.echo(fmt.dumps({"model": label, "budget_usd_per_hour": budget, "mixes": n_mix, "candidates": n, "ranking": rows,
+                              "best": dataclasses.replace(fixed, cluster=rows[0]["mix"]).as_dict()}))  # fmt: skip
+        return
+    con = fmt.console()
+    fmt.print_plan_ranking(con, rows, n)
     con.print(text, markup=False, highlight=False)
 
 
