@@ -457,7 +457,8 @@ def print_plan_ranking(con: Console, rows: list[Mapping[str, Any]], n: int) -> N
     from rich.markup import escape
 
     t = Table(title=f"Best plans of {n} candidates", title_justify="left")
-    for column in ("rank", "step s", "tokens/s", "MFU %", "HBM GiB", "fits", escape("plan (copies x [stage | stage ...])")):
+    plan_header = escape("plan (copies x [stage | stage ...])")
+    for column in ("rank", "step s", "tokens/s", "MFU %", "HBM GiB", "fits", plan_header):
         t.add_column(column, justify="left" if column.startswith("plan") else "right", overflow="fold")
     for r in rows:
         t.add_row(str(r["rank"]), f"{r['step_time_s']:.4f}", f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}",

@@ -29,7 +29,11 @@ def read_plan_study(path: Path) -> dict[str, Any]:
     for key in ("name", "model", "clusters", "plan"):
         if key not in data:
             raise ValueError(f"{path}: {key} is required")
-    if not isinstance(data["clusters"], list) or not data["clusters"] or not all(isinstance(c, str) for c in data["clusters"]):
+    if (
+        not isinstance(data["clusters"], list)
+        or not data["clusters"]
+        or not all(isinstance(c, str) for c in data["clusters"])
+    ):
         raise ValueError(f"{path}: clusters must be a non-empty list of KIND:N,KIND:N strings")
     for c in data["clusters"]:
         try:
@@ -65,11 +69,10 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
     results = []
     for cluster in study["clusters"]:
         counts = hplan.parse_cluster_counts(cluster)
-        mix = []
-        for kind, n in counts.items():
-            gpu = catalog.gpu(kind)
-            mix.append((kind, n, int(min(gpu.get("scaleup_domain", 8), gpu.get("gpus_per_node", 8)))))
-        rows, ranked, _, n = hsearch.search(entry, mix, catalog, api.default_calibration(), opts, seq, top=study.get("top", 5))
+        mix = hsearch.mix_of(catalog, counts)
+        rows, ranked, _, n = hsearch.search(
+            entry, mix, catalog, api.default_calibration(), opts, seq, top=study.get("top", 5)
+        )
         best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=cluster)
         fixed = hplan.with_layers(ranked[0], [[int(x) for x in r] for r in best.mixed.stage_layers.tolist()])
         b = best.breakdown
@@ -93,7 +96,10 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
         )
         header = f"{study['name']}: best plan of {cluster} ({n} candidates); hetersim plan --study {Path(path).name}"
         atomic.write_text(Path(out_dir) / results[-1]["plan_file"], hplan.to_toml(fixed, header))
-    atomic.write_text(Path(out_dir) / "ranking.json", json.dumps({"study": study["name"], "model": label, "results": results}, indent=1))
+    atomic.write_text(
+        Path(out_dir) / "ranking.json",
+        json.dumps({"study": study["name"], "model": label, "results": results}, indent=1),
+    )
     atomic.write_text(Path(out_dir) / "report.md", _report(study, label, results))
     return Path(out_dir)
 
@@ -101,17 +107,21 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
 def _report(study, label, results) -> str:
     lines = [f"# {study['name']}", "", study.get("description", ""), "", f"Model {label}; plan fields: "
              + ", ".join(f"{k} = {v}" for k, v in study["plan"].items()) + ".", "",
-             "| cluster | $/h | candidates | best step s | tokens/s | MFU % | days to train | cost $ | HBM GiB | best plan |",
+             "| cluster | $/h | candidates | best step s | tokens/s | MFU % | days to train | cost $ | HBM GiB "
+             "| best plan |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         lines.append(
-            f"| {r['cluster']} | {r['usd_per_hour']:.1f} | {r['candidates']} | {r['step_time_s']:.3f} | {r['tokens_per_s']:,.0f} | "
+            f"| {r['cluster']} | {r['usd_per_hour']:.1f} | {r['candidates']} | {r['step_time_s']:.3f} | "
+            f"{r['tokens_per_s']:,.0f} | "
             f"{100 * r['mfu']:.1f} | {r['time_to_train_days']:.1f} | {r['cost_usd']:,.0f} | {r['hbm_used_GiB']:.1f} | "
             f"{r['best_plan']} ([{r['plan_file']}]({r['plan_file']})) |"
         )
     lines += ["", "Runners-up per cluster (step time, plan):", ""]
     for r in results:
-        lines.append(f"* {r['cluster']}: " + "; ".join(f"{x['step_time_s']:.3f} s {x['plan']}" for x in r["runners_up"]))
+        lines.append(
+            f"* {r['cluster']}: " + "; ".join(f"{x['step_time_s']:.3f} s {x['plan']}" for x in r["runners_up"])
+        )
     lines += ["", "Each best plan is a plan file: `hetersim evaluate --model "
               f"{label} --plan <file>` reproduces its row; edit it to try a variant.", ""]  # fmt: skip
     return "\n".join(lines)

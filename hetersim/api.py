@@ -46,10 +46,9 @@ def _compiled(name: str):
     (:mod:`hetersim.compile_cache`)."""
     from .cluster import simulate_cluster
     from .compile_cache import cached_jit
+    from .hsim import simulate_plan
     from .simulate import layers_split_for_interleaving, simulate
     from .terms.compute import kernel_supported
-
-    from .hsim import simulate_plan
 
     functions = {
         "simulate": simulate,
@@ -286,7 +285,7 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
         _check_kernel(cat.gpu(k), plan_s)
         _check_precision(cat.gpu(k), k, plan_s)
     m = build.model_spec(model_entry)
-    hs = hsim.hetero_spec(hp, cat, counts)
+    hs = hsim.hetero_spec(hp, cat, counts, shape=hsim.padded_shape(hp))
     out = _compiled("plan")(m, hs, plan_s, cal)
     defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
     resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
@@ -359,7 +358,8 @@ def _check_precision(entry: Mapping[str, Any], key: str, plan_s: Any) -> None:
 
     code = int(plan_s.precision_code)
     if float(build.device_spec(entry).peak_tflops[code]) <= 0:
-        raise FieldError(f"{{0}} {Precision(code).label}: {key} has no such peak (its catalog entry); use another", "precision")
+        message = f"{{0}} {Precision(code).label}: {key} has no such peak (its catalog entry); use another"
+        raise FieldError(message, "precision")
 
 
 def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:

@@ -24,16 +24,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .layer import layer_costs, p2p_chunk_s
-from .outputs import STEP_TERMS
 from .pytree import spec
-from .simulate import Breakdown, layer_time, micro_batches, simulate, stage_times, throughput
+from .simulate import Breakdown
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
-from .terms import memory
 from .terms._safe import safe_div
 from .types import HETERO_MODES as MODES
 from .types import MAX_GROUPS, FieldError, Infeasible
-from .units import HOUR, KWH
 
 BIG = 1.0e30
 PIPELINE = MODES.index("pipeline")  # mode_code of stages on kinds; the other is data-parallel replicas
@@ -58,10 +54,6 @@ class ClusterBreakdown:
     group_infeasible: Any  # [G] Infeasible flags of each group
 
 
-def _per_group(fn, systems, *args):
-    return jax.vmap(fn, in_axes=(None, 0, None, None))(args[0], systems, args[1], args[2])
-
-
 def integer_split(total, units, cost):
     """Split ``total`` items over groups of ``units`` identical units, each item on a unit of
     group g costing ``cost[g]``, to minimise the busiest unit: proportional shares floored (at
@@ -82,23 +74,6 @@ def integer_split(total, units, cost):
     return base, extra
 
 
-def balanced_split(model: ModelSpec, stages, cost, fixed):
-    """Layers per stage in each group (:func:`integer_split` of the layers over the stages), or
-    the user's fixed split. Returns (base layers per stage, stages with one extra, valid)."""
-    present = stages > 0
-    base, extra = integer_split(model.layers, stages, cost)
-    use_fixed = jnp.any(fixed > 0)
-    base = jnp.where(use_fixed, fixed * present, base)
-    extra = jnp.where(use_fixed, 0.0, extra)
-    valid = jnp.abs(jnp.sum(stages * base + extra) - model.layers) < 0.5
-    valid &= jnp.all(jnp.where(present, base >= 1.0, True))
-    return base, extra, valid
-
-
-def _take(tree, i):
-    return jax.tree.map(lambda a: a[i], tree)
-
-
 def as_hetero(cluster: ClusterSpec, plan: Plan):
     """The :class:`hetersim.hsim.HeteroSpec` a mix means (traced; shape ``[G, G, 1]``).
 
@@ -117,8 +92,12 @@ def as_hetero(cluster: ClusterSpec, plan: Plan):
     fixed = jnp.any(cluster.layers_fixed > 0)
     # pipeline: [0, g] is group g's stages; data: [g, 0] is group g's pipeline.
     stage_count = jnp.where(pipe, row0[:, None] * units[None, :], jnp.zeros((G, G)).at[:, 0].set(plan.pp))
-    stage_layers = jnp.where(pipe & fixed, row0[:, None] * cluster.layers_fixed[None, :] + (1.0 - row0[:, None]) * -1.0, -1.0)
-    kind = jnp.where(pipe, jnp.broadcast_to(jnp.arange(G)[None, :], (G, G)), jnp.broadcast_to(jnp.arange(G)[:, None], (G, G)))
+    stage_layers = jnp.where(
+        pipe & fixed, row0[:, None] * cluster.layers_fixed[None, :] + (1.0 - row0[:, None]) * -1.0, -1.0
+    )
+    kind = jnp.where(
+        pipe, jnp.broadcast_to(jnp.arange(G)[None, :], (G, G)), jnp.broadcast_to(jnp.arange(G)[:, None], (G, G))
+    )
     count = jnp.where(pipe, row0[:, None] * jnp.where(present, plan.dp, 0.0)[None, :], jnp.ones((G, G)))
     pipe_count = jnp.where(pipe, row0 * jnp.where(jnp.any(present), 1.0, 0.0), units)
     cross = cross_network(cluster.systems, cluster.gpus)
@@ -162,7 +141,9 @@ def simulate_cluster(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cal: Ca
         group_microbatches=per_group(out.slot_microbatches[0, :, 0], out.slot_microbatches[:, 0, 0]),
         group_stage_time_s=per_group(out.slot_time_s[0, :, 0], out.pipe_step_s),
         group_hbm_used_GiB=per_group(out.slot_hbm_used_GiB[0, :, 0], out.slot_hbm_used_GiB[:, 0, 0]),
-        group_infeasible=jnp.where(present, jnp.where(pipe, out.slot_infeasible[0, :, 0], out.slot_infeasible[:, 0, 0]), 0),
+        group_infeasible=jnp.where(
+            present, jnp.where(pipe, out.slot_infeasible[0, :, 0], out.slot_infeasible[:, 0, 0]), 0
+        ),
     )
 
 

@@ -324,13 +324,17 @@ def check(plan: HeteroPlan, model: Mapping[str, Any], cluster: Mapping[str, int]
             if all(g is not None for g in given) and p.micro_batches is not None:
                 got = sum(g * rep.count for g, rep in zip(given, s.replicas, strict=True))
                 if got != p.micro_batches:
-                    raise ValueError(f"{swhere}: replicas' micro_batches sum to {got}; the pipeline takes {p.micro_batches}")
+                    raise ValueError(
+                        f"{swhere}: replicas' micro_batches sum to {got}; the pipeline takes {p.micro_batches}"
+                    )
     if total_mb is not None:
         fixed = [p for p in plan.pipelines if p.micro_batches is not None]
         if len(fixed) == len(plan.pipelines):
             got = sum(p.micro_batches * p.count for p in fixed)
             if got != total_mb:
-                raise ValueError(f"{origin}: pipelines' micro_batches sum to {got}; global_batch/micro_batch is {total_mb}")
+                raise ValueError(
+                    f"{origin}: pipelines' micro_batches sum to {got}; global_batch/micro_batch is {total_mb}"
+                )
     used = plan.gpus()
     for kind, n in used.items():
         if kind in cluster and n > cluster[kind]:
@@ -401,7 +405,8 @@ def from_shorthand(
             kinds = set(block[r * per_replica : (r + 1) * per_replica])
             if len(kinds) > 1:
                 raise ValueError(
-                    f"pipeline stage {s} replica {r}: its tp*cp = {per_replica} GPUs span {' and '.join(sorted(kinds))}; "
+                    f"pipeline stage {s} replica {r}: its tp*cp = {per_replica} GPUs span "
+                    f"{' and '.join(sorted(kinds))}; "
                     "a tensor- or context-parallel group cannot span two device kinds (change the cluster order or tp)"
                 )
             kind = kinds.pop()
@@ -510,7 +515,9 @@ def with_layers(plan: HeteroPlan, layers: Sequence[Sequence[int]]) -> HeteroPlan
     """The plan with every stage's layers fixed (``layers[j][s]``, e.g. the balanced split the
     model chose), so that the file says what runs."""
     pipes = tuple(
-        dataclasses.replace(p, stages=tuple(dataclasses.replace(s, layers=int(layers[j][i])) for i, s in enumerate(p.stages)))
+        dataclasses.replace(
+            p, stages=tuple(dataclasses.replace(s, layers=int(layers[j][i])) for i, s in enumerate(p.stages))
+        )
         for j, p in enumerate(plan.pipelines)
     )
     return dataclasses.replace(plan, pipelines=pipes)

@@ -23,6 +23,7 @@ step time among those that fit.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,16 @@ TPS = (1, 2, 4, 8)
 MAX_STAGES = 16
 
 
+def mix_of(catalog, counts: Mapping[str, int]) -> list[tuple[str, int, int]]:
+    """``[(kind, GPUs, GPUs per node), ...]`` of a cluster's counts (a node: the kind's scale-up
+    domain, at most its GPUs per node)."""
+    out = []
+    for kind, n in counts.items():
+        gpu = catalog.gpu(kind)
+        out.append((kind, int(n), int(min(gpu.get("scaleup_domain", 8), gpu.get("gpus_per_node", 8)))))
+    return out
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -44,7 +55,10 @@ def _tp_ok(tp: int, gpus: int, node: int, heads: int, kv: int) -> bool:
 
 
 def candidates(
-    mix: Sequence[tuple[str, int, int]], model: Mapping[str, Any], options: Mapping[str, Any], max_stages: int = MAX_STAGES
+    mix: Sequence[tuple[str, int, int]],
+    model: Mapping[str, Any],
+    options: Mapping[str, Any],
+    max_stages: int = MAX_STAGES,
 ) -> list[HeteroPlan]:
     """Every candidate plan of a mix ``[(kind, GPUs, GPUs per node), ...]`` (see the module)."""
     layers = int(model.get("layers", 0) or 0) + int(model.get("mtp_layers", 0) or 0)
@@ -67,7 +81,9 @@ def candidates(
         for kind, n, node in mix:
             opts: list[Any] = [None]
             for s in _divisors(n):
-                opts += [(kind, s, tp, n // s // tp) for tp in TPS if s <= max_stages and _tp_ok(tp, n // s, node, heads, kv)]
+                opts += [
+                    (kind, s, tp, n // s // tp) for tp in TPS if s <= max_stages and _tp_ok(tp, n // s, node, heads, kv)
+                ]
             out.append(opts)
         return out
 
@@ -85,7 +101,9 @@ def candidates(
         used = [c for c in choice if c is not None]
         if len(used) < 2:
             continue  # one kind alone is a stages-by-kind plan already
-        pipes = tuple(Pipeline(tuple(Stage(None, (Replica(k, tp, 1),)) for _ in range(pp)), count=c) for k, pp, tp, c in used)
+        pipes = tuple(
+            Pipeline(tuple(Stage(None, (Replica(k, tp, 1),)) for _ in range(pp)), count=c) for k, pp, tp, c in used
+        )
         add(HeteroPlan(pipes, "speed", dict(options)))
     # Rank-ordered (tp, pp, dp) over the kinds in each order.
     total = sum(n for _, n, _ in mix)
@@ -103,16 +121,17 @@ def candidates(
     return out
 
 
-def evaluate_all(model_entry, plans: Sequence[HeteroPlan], catalog, cluster: Mapping[str, int], cal, seq_len: int, chunk: int = 512):
+def evaluate_all(
+    model_entry, plans: Sequence[HeteroPlan], catalog, cluster: Mapping[str, int], cal, seq_len: int, chunk: int = 512
+):
     """Step time, throughput, MFU, HBM and flags of every plan: one compiled ``vmap`` over
     chunks of plans padded to the largest (kinds in the cluster's order, the network between
     kinds from those each plan uses)."""
-    import jax
     import jax.numpy as jnp
 
     from . import build
     from .hplan import to_arrays
-    from .hsim import HeteroSpec, common_plan, cross_network, hetero_spec, simulate_plan
+    from .hsim import common_plan, hetero_spec
 
     kinds = list(cluster)
     J = max(len(p.pipelines) for p in plans)
@@ -121,12 +140,8 @@ def evaluate_all(model_entry, plans: Sequence[HeteroPlan], catalog, cluster: Map
     m = build.model_spec(model_entry)
     plan_s = common_plan(plans[0], seq_len)
     base = hetero_spec(plans[0], catalog, dict(cluster), shape=(J, S, R), kinds=kinds)
-
-    def one(arrays, used):
-        hs = HeteroSpec(systems=base.systems, cross=cross_network(base.systems, used), sp_auto=base.sp_auto, **arrays)
-        return simulate_plan(m, hs, plan_s, cal).total
-
-    run = jax.jit(jax.vmap(one))
+    run = _batched()
+    args = (m, base.systems, base.sp_auto, plan_s, cal)
     keys = ("step_time_s", "tokens_per_s", "mfu", "hbm_used_GiB", "cost_usd", "infeasible")
     out: dict[str, list] = {k: [] for k in keys}
     chunk = min(chunk, len(plans))
@@ -136,10 +151,25 @@ def evaluate_all(model_entry, plans: Sequence[HeteroPlan], catalog, cluster: Map
         part += [part[-1]] * (chunk - n)
         arrays = {k: jnp.asarray(v) for k, v in to_arrays(part, kinds, (J, S, R)).items()}
         used = jnp.asarray([[1.0 if k in p.kinds() else 0.0 for k in kinds] for p in part])
-        res = run(arrays, used)
+        res = run(*args, arrays, used)
         for k in keys:
             out[k].extend(np.asarray(getattr(res, k))[:n].tolist())
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+@functools.cache
+def _batched():
+    """The plan engine over a batch of plans' arrays (one compiled program per shape, shared by
+    every search of the process)."""
+    import jax
+
+    from .hsim import HeteroSpec, cross_network, simulate_plan
+
+    def one(model, systems, sp_auto, plan, cal, arrays, used):
+        hs = HeteroSpec(systems=systems, cross=cross_network(systems, used), sp_auto=sp_auto, **arrays)
+        return simulate_plan(model, hs, plan, cal).total
+
+    return jax.jit(jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0)))
 
 
 def search(model_entry, mix, catalog, cal, options: Mapping[str, Any], seq_len: int, top: int = 10):
@@ -165,7 +195,9 @@ def describe(plan: HeteroPlan) -> str:
     return ", ".join(parts)
 
 
-def mixes_within(kinds: Sequence[tuple[str, float, int]], budget: float, low: float = 0.85, max_gpus: int = 256) -> list:
+def mixes_within(
+    kinds: Sequence[tuple[str, float, int]], budget: float, low: float = 0.85, max_gpus: int = 256
+) -> list:
     """Mixes ``[(kind, GPUs, node), ...]`` of whole nodes whose hourly price is within
     ``[low * budget, budget]`` (``kinds``: ``(kind, $/GPU-hour, GPUs per node)``), at most
     ``max_gpus`` GPUs of a kind; a kind may be absent."""

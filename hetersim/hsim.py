@@ -35,7 +35,6 @@ from .cluster import _any_flags, integer_split
 from .layer import layer_costs, p2p_chunk_s
 from .outputs import STEP_TERMS
 from .pytree import spec
-from .simulate import flags as stage_flags
 from .simulate import (
     Breakdown,
     PipelineStep,
@@ -48,6 +47,7 @@ from .simulate import (
     stage_times,
     throughput,
 )
+from .simulate import flags as stage_flags
 from .specs import Calibration, ModelSpec, NetworkSpec, Plan, SystemSpec
 from .terms import compute, memory
 from .terms import goodput as goodput_terms
@@ -178,7 +178,9 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
         offload_s=_at(oc.exposed_s, i_sync),
     )
     assert tuple(terms) == tuple(STEP_TERMS)
-    flags = jnp.where(split["ok"], 0, int(Infeasible.LAYERS_DIVIDE)) | jnp.where(batch_ok, 0, int(Infeasible.BATCH_DIVIDE))
+    flags = jnp.where(split["ok"], 0, int(Infeasible.LAYERS_DIVIDE)) | jnp.where(
+        batch_ok, 0, int(Infeasible.BATCH_DIVIDE)
+    )
     total = _job(model, hs, plan, st, sys, out, terms, m_b, flags)
     return HeteroBreakdown(
         total=total,
@@ -236,7 +238,11 @@ def _costs(model, hs, plan, cal, st, sys, sys_x):
 
     def costs(system, system_x, tp, n_dp, pp):
         p = compute.resolve_kernels(system.device, _slot_plan(plan, hs, tp, n_dp, pp))
-        return layer_costs(model, system, p, cal), p2p_chunk_s(model, system, p, cal), p2p_chunk_s(model, system_x, p, cal)
+        return (
+            layer_costs(model, system, p, cal),
+            p2p_chunk_s(model, system, p, cal),
+            p2p_chunk_s(model, system_x, p, cal),
+        )
 
     n_dp3 = jnp.broadcast_to(n_dp_pos[None, :, None], st.bc)
     lc, p2p_own, p2p_x = jax.vmap(jax.vmap(jax.vmap(costs)))(sys, sys_x, hs.tp, n_dp3, st.depth3)
@@ -414,6 +420,15 @@ def _job(model, hs, plan, st, sys, out, terms, n_micro, flags) -> Breakdown:
     )
 
 
+def padded_shape(hplan) -> tuple[int, int, int]:
+    """A shape ``(J, S, R)`` that holds the plan, rounded up (at least 2 pipelines, stages in
+    fours, 2 replica groups) so that small plans share one compiled program."""
+    J = max(len(hplan.pipelines), 2)
+    S = max(len(q.stages) for q in hplan.pipelines)
+    R = max(len(s.replicas) for q in hplan.pipelines for s in q.stages)
+    return J, -(-S // 4) * 4, max(R, 2)
+
+
 def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=None, kinds=None) -> HeteroSpec:
     """A :class:`HeteroSpec` of one :class:`hetersim.hplan.HeteroPlan` (host side): the device
     kinds in the plan's order of first use, each with a scale-up domain no larger than the GPUs
@@ -421,7 +436,8 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
     scale-out links and the plan's ``link``."""
     import numpy as np
 
-    from . import build, hplan as hp
+    from . import build
+    from . import hplan as hp
     from .planfields import AUTO
 
     used_kinds = hplan.kinds()

@@ -112,6 +112,7 @@ class PlanField:
 
 # The MoE fields' names and help (kept here so that each field is one line of FIELDS).
 _EP_ALIAS = ("--expert-model-parallel-size",)
+_FRAG_NAME = "share of the caching allocator's reserved HBM lost to fragmentation"
 _FRAG_HELP = ("Allocator fragmentation: the share of reserved HBM that is free but unusable (0: none; 0.15 is GMLake's "
               "mean over eight LLMs on A100-80GB, Guo et al. ASPLOS'24).")  # fmt: skip
 _ETP_ALIAS = ("--expert-tensor-parallel-size",)
@@ -407,8 +408,7 @@ FIELDS: tuple[PlanField, ...] = (
         zero_means="FSDP, keeps gathered weights",
         help="ZeRO-3 reuse distance in 1e6 parameters (DeepSpeed's stage3_max_reuse_distance; 0: FSDP).",
     ),
-    PlanField("fragmentation", "float", 0.0, "share of the caching allocator's reserved HBM lost to fragmentation",
-              "1", lo=0.0, hi=0.9, help=_FRAG_HELP),  # fmt: skip
+    PlanField("fragmentation", "float", 0.0, _FRAG_NAME, "1", lo=0.0, hi=0.9, help=_FRAG_HELP),
 )
 BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}
 

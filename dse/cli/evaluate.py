@@ -58,7 +58,9 @@ def configuration(
         if value is None and plan_file is None:
             raise ValueError(f"missing option {flag} (give it, or a --recipe that names it)")
     if plan_file is not None and (rest.get("gpu") is not None or gpu is not None):
-        raise ValueError("--plan names the device kind of every replica; leave --gpu out (--cluster may give the GPUs there are)")
+        raise ValueError(
+            "--plan names the device kind of every replica; leave --gpu out (--cluster may give the GPUs there are)"
+        )
     if plan_file is None and (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))

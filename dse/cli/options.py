@@ -209,7 +209,9 @@ HARDWARE_OPTIONS = {
     "layers_per_stage": (
         list[int],
         typer.Option(
-            [], "--layers-per-stage", help="Fix the layers of each pipeline stage (one per stage, or one per --cluster group; default: balanced)."
+            [],
+            "--layers-per-stage",
+            help="Fix the layers of each pipeline stage (one per stage or per --cluster group; default: balanced).",
         ),
     ),
     "plan_file": (

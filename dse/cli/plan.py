@@ -21,12 +21,26 @@ OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
     OPTIONS,
     model=(str | None, typer.Option(None, "--model", help="Catalog model key or a Hugging Face config.json path.")),
     cluster=(str | None, typer.Option(None, "--cluster", help="The mix to lay the job out on: KIND:N,KIND:N.")),
-    budget=(float | None, typer.Option(None, "--budget", help="Instead of --cluster: an hourly budget ($) to buy a mix of --kinds with.")),
-    kinds=(str | None, typer.Option(None, "--kinds", help="With --budget: the device kinds a mix may hold, KIND,KIND.")),
-    study=(Path | None, typer.Option(None, "--study", help="A plan-search study (studies/plans/*.toml): every cluster's best plan.")),
+    budget=(
+        float | None,
+        typer.Option(None, "--budget", help="Instead of --cluster: an hourly budget ($) to buy a mix of --kinds with."),
+    ),
+    kinds=(
+        str | None,
+        typer.Option(None, "--kinds", help="With --budget: the device kinds a mix may hold, KIND,KIND."),
+    ),
+    study=(
+        Path | None,
+        typer.Option(None, "--study", help="A plan-search study (studies/plans/*.toml): every cluster's best plan."),
+    ),
     catalog_files=(list[Path], typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable.")),
     top=(int, typer.Option(10, "--top", help="How many of the best plans to list.")),
-    out=(Path | None, typer.Option(None, "--out", help="Write the best plan here as a plan file (TOML); with --study, the report's folder.")),
+    out=(
+        Path | None,
+        typer.Option(
+            None, "--out", help="Write the best plan here as a plan file (TOML); with --study, the report's folder."
+        ),
+    ),
     as_json=(bool, typer.Option(False, "--json", help="Print the ranking as JSON.")),
 )
 def plan(**options: Any) -> None:
@@ -38,14 +52,7 @@ def plan(**options: Any) -> None:
     model, cluster, top, out, as_json = (options.pop(k) for k in ("model", "cluster", "top", "out", "as_json"))
     study = options.pop("study")
     if study is not None:
-        from dse.plan_study import run_plan_study
-
-        if model is not None or cluster is not None:
-            raise ValueError("--study names the model and the clusters; leave --model and --cluster out")
-        if out is None:
-            raise ValueError("--study needs --out DIR (the report's folder)")
-        folder = run_plan_study(study, out, list(options.pop("catalog_files")))
-        status(f"wrote {folder / 'report.md'}")
+        _study(study, model, cluster, out, list(options.pop("catalog_files")))
         return
     budget, kinds = options.pop("budget"), options.pop("kinds")
     if (budget is None) != (kinds is None):
@@ -69,11 +76,7 @@ def plan(**options: Any) -> None:
     if budget is not None:
         _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json)
         return
-    counts = hplan.parse_cluster_counts(cluster)
-    mix = []
-    for kind, n in counts.items():
-        gpu = catalog.gpu(kind)
-        mix.append((kind, n, int(min(gpu.get("scaleup_domain", 8), gpu.get("gpus_per_node", 8)))))
+    mix = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     try:
         api.configure(model=entry, gpu=mix[0][0], catalog=catalog, n_gpus=mix[0][1], **rest)  # the options' own checks
@@ -103,35 +106,61 @@ def plan(**options: Any) -> None:
         for i, r in enumerate(rows)
     ]
     if as_json:
-        typer.echo(fmt.dumps({"model": label, "cluster": cluster, "candidates": n, "ranking": table, "best": fixed.as_dict()}))
+        typer.echo(
+            fmt.dumps({"model": label, "cluster": cluster, "candidates": n, "ranking": table, "best": fixed.as_dict()})
+        )
         return
     con = fmt.console()
     fmt.print_plan_ranking(con, table, n)
     con.print(text, markup=False, highlight=False)
 
 
+def _study(study: Path, model, cluster, out, catalog_files) -> None:
+    """``--study``: every cluster's best plan, and the report."""
+    from dse.plan_study import run_plan_study
+
+    if model is not None or cluster is not None:
+        raise ValueError("--study names the model and the clusters; leave --model and --cluster out")
+    if out is None:
+        raise ValueError("--study needs --out DIR (the report's folder)")
+    folder = run_plan_study(study, out, catalog_files)
+    status(f"wrote {folder / 'report.md'}")
+
+
 def _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json) -> None:
     """``--budget``: the best plan of every mix of ``kinds`` the budget buys."""
     from hetersim import api, hplan, hsearch
 
-    table = []
-    for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
-        gpu = catalog.gpu(kind)
-        node = int(min(gpu.get("scaleup_domain", 8), gpu.get("gpus_per_node", 8)))
-        table.append((kind, float(gpu["price_usd_per_hour"]), node))
+    names = [k.strip() for k in kinds.split(",") if k.strip()]
+    table = [
+        (k, float(catalog.gpu(k)["price_usd_per_hour"]), node)
+        for k, _, node in hsearch.mix_of(catalog, dict.fromkeys(names, 0))
+    ]
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     status(f"{label}: every mix of {kinds} within 85-100 % of ${budget:g}/h and its candidate plans...")
-    rows, ranked, n_mix, n = hsearch.search_budget(entry, table, budget, catalog, api.default_calibration(), rest, seq, top)
+    rows, ranked, n_mix, n = hsearch.search_budget(
+        entry, table, budget, catalog, api.default_calibration(), rest, seq, top
+    )
     best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=rows[0]["mix"])
     fixed = hplan.with_layers(ranked[0], [[int(x) for x in r] for r in best.mixed.stage_layers.tolist()])
-    header = f"hetersim plan --model {label} --budget {budget:g} --kinds {kinds}: best of {n} plans over {n_mix} mixes\n"
-    text = hplan.to_toml(dataclasses.replace(fixed, cluster=rows[0]["mix"]), header + f"mix {rows[0]['mix']} at ${rows[0]['usd_per_hour']:.1f}/h")
+    header = (
+        f"hetersim plan --model {label} --budget {budget:g} --kinds {kinds}: best of {n} plans over {n_mix} mixes\n"
+    )
+    text = hplan.to_toml(
+        dataclasses.replace(fixed, cluster=rows[0]["mix"]),
+        header + f"mix {rows[0]['mix']} at ${rows[0]['usd_per_hour']:.1f}/h",
+    )
     if out is not None:
         atomic.write_text(out, text)
     for i, r in enumerate(rows):
-        r.update(rank=i + 1, feasible=r["infeasible"] == 0, plan=f"{r['mix']} ${r['usd_per_hour']:.0f}/h: {hsearch.describe(ranked[i])}")
+        r.update(
+            rank=i + 1,
+            feasible=r["infeasible"] == 0,
+            plan=f"{r['mix']} ${r['usd_per_hour']:.0f}/h: {hsearch.describe(ranked[i])}",
+        )
     if as_json:
-        typer.echo(fmt.dumps({"model": label, "budget_usd_per_hour": budget, "mixes": n_mix, "candidates": n, "ranking": rows,
+        head = {"model": label, "budget_usd_per_hour": budget, "mixes": n_mix, "candidates": n}
+        typer.echo(fmt.dumps({**head, "ranking": rows,
                               "best": dataclasses.replace(fixed, cluster=rows[0]["mix"]).as_dict()}))  # fmt: skip
         return
     con = fmt.console()
