@@ -73,8 +73,7 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
         rows, ranked, _, n = hsearch.search(
             entry, mix, catalog, api.default_calibration(), opts, seq, top=study.get("top", 5)
         )
-        best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=cluster)
-        fixed = hplan.with_layers(ranked[0], [[int(x) for x in r] for r in best.mixed.stage_layers.tolist()])
+        best, fixed = api.with_chosen_layers(catalog, entry, ranked[0], cluster)
         b = best.breakdown
         price = sum(n_k * float(catalog.gpu(k)["price_usd_per_hour"]) for k, n_k in counts.items())
         results.append(

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .hplan import parse_cluster_groups
 from .planfields import AUTO, DEFAULTS, resolve_sp
 from .types import Attention, FieldError
 
@@ -80,13 +81,7 @@ def _model(catalog, model: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]
 
 def parse_cluster(catalog, text: str) -> list[tuple[dict[str, Any], int]]:
     """``"KIND:N,KIND:N"`` -> ``[(catalog entry, count), ...]`` with one-line errors."""
-    groups = []
-    for part in text.split(","):
-        kind, sep, count = part.strip().partition(":")
-        if not sep or not count.strip().isdigit() or int(count) <= 0:
-            raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
-        groups.append((catalog.gpu(kind.strip()), int(count)))
-    return groups
+    return [(catalog.gpu(kind), count) for kind, count in parse_cluster_groups(text)]
 
 
 def group_rows(groups, mixed, hetero: str) -> list[dict[str, Any]]:
@@ -199,16 +194,6 @@ def configure(
     return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out, interval=itv)
 
 
-def _cluster_groups(text: str) -> list[tuple[str, int]]:
-    out = []
-    for part in text.split(","):
-        kind, sep, count = part.strip().partition(":")
-        if not sep or not count.strip().isdigit() or int(count) <= 0:
-            raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
-        out.append((kind.strip(), int(count)))
-    return out
-
-
 def _given_dp(plan: Mapping[str, Any]) -> int:
     """The ``dp`` the options give (0: derive it)."""
     dp = plan.get("dp")
@@ -221,10 +206,10 @@ def _straddles(cluster: str, plan: Mapping[str, Any], hetero: str) -> bool:
     if hetero != "pipeline":
         return False
     tp, cp, pp = (int(plan.get(k) or 1) for k in ("tp", "cp", "pp"))
-    total = sum(c for _, c in _cluster_groups(cluster))
+    total = sum(c for _, c in parse_cluster_groups(cluster))
     dp = _given_dp(plan) or max(total // max(tp * cp * pp, 1), 1)
     unit = tp * cp * dp
-    return any(c % unit for _, c in _cluster_groups(cluster)) and total == unit * pp
+    return any(c % unit for _, c in parse_cluster_groups(cluster)) and total == unit * pp
 
 
 def _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage, plan, cal):
@@ -232,7 +217,7 @@ def _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage,
     general plan (:func:`hetersim.hplan.from_shorthand`) evaluated."""
     from . import hplan
 
-    groups = _cluster_groups(cluster)
+    groups = parse_cluster_groups(cluster)
     for kind, _ in groups:
         cat.gpu(kind)
     total = sum(c for _, c in groups)
@@ -280,10 +265,7 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     if given.get("n_gpus") is not None and int(given["n_gpus"]) != sum(used.values()):
         raise FieldError(f"{{0}} {given['n_gpus']} contradicts the plan's {sum(used.values())} GPUs", "n_gpus")
     seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
-    plan_s = hsim.common_plan(hp, seq)
-    for k in hp.kinds():
-        _check_kernel(cat.gpu(k), plan_s)
-        _check_precision(cat.gpu(k), k, plan_s)
+    plan_s = shared_plan(cat, hp.kinds(), opts, seq)
     m = build.model_spec(model_entry)
     hs = hsim.hetero_spec(hp, cat, counts, shape=hsim.padded_shape(hp))
     out = _compiled("plan")(m, hs, plan_s, cal)
@@ -294,6 +276,28 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     label = ",".join(f"{k}:{n}" for k, n in counts.items())
     itv = step_time_interval(cat, entries, resolved, out.total.step_time_s)
     return Configuration(model_label, label, resolved, (m, hs, plan_s, cal), out.total, rows, out, itv)
+
+
+def shared_plan(cat, kinds: Sequence[str], options: Mapping[str, Any], seq_len: int) -> Any:
+    """The plan fields every replica of a heterogeneous plan shares, as a checked :class:`Plan`
+    (bad values, a kernel or precision one of ``kinds`` cannot run: one-line errors)."""
+    from . import hplan, hsim
+
+    plan_s = hsim.common_plan(hplan.HeteroPlan((), "equal", dict(options)), seq_len)
+    for k in kinds:
+        _check_kernel(cat.gpu(k), plan_s)
+        _check_precision(cat.gpu(k), k, plan_s)
+    return plan_s
+
+
+def with_chosen_layers(cat, model_entry, hp, cluster: str) -> tuple[Configuration, Any]:
+    """``hp`` evaluated on ``cluster``, and ``hp`` with every stage's layers fixed to the split
+    the model chose (what a plan search writes out)."""
+    from . import hplan
+
+    best = configure(model=model_entry, catalog=cat, plan_file=hp, cluster=cluster)
+    layers = [[int(x) for x in row] for row in best.mixed.stage_layers.tolist()]
+    return best, hplan.with_layers(hp, layers)
 
 
 def _is_default(name: str, value: Any) -> bool:

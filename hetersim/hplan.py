@@ -341,14 +341,22 @@ def check(plan: HeteroPlan, model: Mapping[str, Any], cluster: Mapping[str, int]
             raise ValueError(f"{origin}: the plan puts {n} GPUs on {kind}; the cluster has {cluster[kind]}")
 
 
-def parse_cluster_counts(text: str) -> dict[str, int]:
-    """``"KIND:N,KIND:N"`` -> ``{kind: count}`` (one-line errors)."""
-    out: dict[str, int] = {}
+def parse_cluster_groups(text: str) -> list[tuple[str, int]]:
+    """``"KIND:N,KIND:N"`` -> ``[(kind, count), ...]`` in order (one-line errors)."""
+    out = []
     for part in text.split(","):
         kind, sep, count = part.strip().partition(":")
         if not sep or not count.strip().isdigit() or int(count) <= 0:
             raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
-        out[kind.strip()] = out.get(kind.strip(), 0) + int(count)
+        out.append((kind.strip(), int(count)))
+    return out
+
+
+def parse_cluster_counts(text: str) -> dict[str, int]:
+    """``"KIND:N,KIND:N"`` -> ``{kind: count}``, groups of one kind added up."""
+    out: dict[str, int] = {}
+    for kind, count in parse_cluster_groups(text):
+        out[kind] = out.get(kind, 0) + count
     return out
 
 
@@ -382,6 +390,7 @@ def from_shorthand(
     options = dict(options or {})
     per_replica = tp * cp
     if mode == "data":
+        split = _stage_layers(layers_per_stage, pp, n_layers, len(groups), by_group=None)  # every copy alike
         pipes = []
         for kind, count in groups:
             unit = per_replica * pp
@@ -389,7 +398,6 @@ def from_shorthand(
                 raise ValueError(
                     f"cluster group {kind}:{count} does not hold whole replicas (tp*cp*pp = {unit} GPUs each)"
                 )
-            split = _stage_layers(layers_per_stage, pp, n_layers, len(groups), by_group=None)
             stages = tuple(Stage(split[i], (Replica(kind, tp, 1),)) for i in range(pp))
             pipes.append(Pipeline(stages, count=count // unit))
         return HeteroPlan(tuple(pipes), "speed", options)
@@ -442,13 +450,20 @@ def _stage_layers(given, pp, n_layers, n_groups, by_group):
 # --------------------------------------------------------------------------------------------
 
 
+def plan_shape(plans: Sequence[HeteroPlan]) -> tuple[int, int, int]:
+    """``(J, S, R)``: the most pipelines, stages of a pipeline and replica groups of a stage of
+    any of ``plans``."""
+    J = max(len(p.pipelines) for p in plans)
+    S = max(len(q.stages) for p in plans for q in p.pipelines)
+    R = max(len(s.replicas) for p in plans for q in p.pipelines for s in q.stages)
+    return J, S, R
+
+
 def to_arrays(plans: Sequence[HeteroPlan], kinds: Sequence[str], shape: tuple[int, int, int] | None = None):
     """The plans as NumPy arrays padded to ``shape = (J, S, R)`` (pipelines, stages, replica
     groups; default the largest of ``plans``), one leading batch axis. ``kinds`` orders the
     device kinds (``kind`` indexes it)."""
-    J = max(len(p.pipelines) for p in plans)
-    S = max(len(q.stages) for p in plans for q in p.pipelines)
-    R = max(len(s.replicas) for p in plans for q in p.pipelines for s in q.stages)
+    J, S, R = plan_shape(plans)
     if shape is not None:
         J, S, R = (max(a, b) for a, b in zip((J, S, R), shape, strict=True))
     n = len(plans)

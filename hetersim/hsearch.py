@@ -130,13 +130,11 @@ def evaluate_all(
     import jax.numpy as jnp
 
     from . import build
-    from .hplan import to_arrays
+    from .hplan import plan_shape, to_arrays
     from .hsim import common_plan, hetero_spec
 
     kinds = list(cluster)
-    J = max(len(p.pipelines) for p in plans)
-    S = max(len(q.stages) for p in plans for q in p.pipelines)
-    R = max(len(s.replicas) for p in plans for q in p.pipelines for s in q.stages)
+    J, S, R = plan_shape(plans)
     m = build.model_spec(model_entry)
     plan_s = common_plan(plans[0], seq_len)
     base = hetero_spec(plans[0], catalog, dict(cluster), shape=(J, S, R), kinds=kinds)

@@ -423,10 +423,10 @@ def _job(model, hs, plan, st, sys, out, terms, n_micro, flags) -> Breakdown:
 def padded_shape(hplan) -> tuple[int, int, int]:
     """A shape ``(J, S, R)`` that holds the plan, rounded up (at least 2 pipelines, stages in
     fours, 2 replica groups) so that small plans share one compiled program."""
-    J = max(len(hplan.pipelines), 2)
-    S = max(len(q.stages) for q in hplan.pipelines)
-    R = max(len(s.replicas) for q in hplan.pipelines for s in q.stages)
-    return J, -(-S // 4) * 4, max(R, 2)
+    from .hplan import plan_shape
+
+    J, S, R = plan_shape([hplan])
+    return max(J, 2), -(-S // 4) * 4, max(R, 2)
 
 
 def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=None, kinds=None) -> HeteroSpec:

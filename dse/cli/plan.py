@@ -79,14 +79,12 @@ def plan(**options: Any) -> None:
     mix = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     try:
-        api.configure(model=entry, gpu=mix[0][0], catalog=catalog, n_gpus=mix[0][1], **rest)  # the options' own checks
+        api.shared_plan(catalog, [k for k, _, _ in mix], rest, seq)
     except ValueError as error:
-        if "n_gpus" not in str(error) and "global_batch" not in str(error):
-            raise with_flag(error) from None
+        raise with_flag(error) from None
     status(f"{label} on {cluster}: evaluating the candidate plans (one compilation)...")
     rows, ranked, res, n = hsearch.search(entry, mix, catalog, api.default_calibration(), rest, seq, top=top)
-    best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=cluster)
-    fixed = hplan.with_layers(ranked[0], [[int(x) for x in row] for row in best.mixed.stage_layers.tolist()])
+    best, fixed = api.with_chosen_layers(catalog, entry, ranked[0], cluster)
     header = f"hetersim plan --model {label} --cluster {cluster}: the best of {n} candidate plans\n" + (
         f"step time {float(best.breakdown.step_time_s):.4f} s, MFU {100 * float(best.breakdown.mfu):.1f} %"
     )
@@ -137,12 +135,15 @@ def _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json) -> No
         for k, _, node in hsearch.mix_of(catalog, dict.fromkeys(names, 0))
     ]
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
+    try:
+        api.shared_plan(catalog, names, rest, seq)
+    except ValueError as error:
+        raise with_flag(error) from None
     status(f"{label}: every mix of {kinds} within 85-100 % of ${budget:g}/h and its candidate plans...")
     rows, ranked, n_mix, n = hsearch.search_budget(
         entry, table, budget, catalog, api.default_calibration(), rest, seq, top
     )
-    best = api.configure(model=entry, catalog=catalog, plan_file=ranked[0], cluster=rows[0]["mix"])
-    fixed = hplan.with_layers(ranked[0], [[int(x) for x in r] for r in best.mixed.stage_layers.tolist()])
+    _, fixed = api.with_chosen_layers(catalog, entry, ranked[0], rows[0]["mix"])
     header = (
         f"hetersim plan --model {label} --budget {budget:g} --kinds {kinds}: best of {n} plans over {n_mix} mixes\n"
     )
