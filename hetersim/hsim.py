@@ -93,18 +93,20 @@ class HeteroBreakdown:
 
 def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0.0) -> NetworkSpec:
     """The network between device kinds: one level (every inner level one GPU wide), at the
-    slowest scale-out bandwidth, bus efficiency and highest latency of the kinds ``used`` [K]
-    and of a link between them (``link_bw_GBps`` 0: none named)."""
+    slowest bus bandwidth (line rate times bus efficiency) and highest latency of the scale-out
+    links of the kinds ``used`` [K] and of a link between them (``link_bw_GBps``: its bus
+    bandwidth, efficiency included; 0: none named). The bus bandwidth is carried whole in
+    ``bw_GBps`` with ``busbw_eff`` 1, so that no efficiency is applied twice."""
     net = systems.network
     top = N_LEVELS - 1
     on = used > 0
-    bw = jnp.min(jnp.where(on, net.bw_GBps[:, top], BIG))
+    bw = jnp.min(jnp.where(on, net.bw_GBps[:, top] * net.busbw_eff[:, top], BIG))
     bw = jnp.where(link_bw_GBps > 0, jnp.minimum(bw, link_bw_GBps), bw)
+    eff = 1.0
 
     def worst(a, fn, fill):
         return fn(jnp.where(on, a[:, top], fill))
 
-    eff = worst(net.busbw_eff, jnp.min, BIG)
     lat = jnp.maximum(worst(net.latency_us, jnp.max, -BIG), link_latency_us)
     ll = jnp.maximum(worst(net.ll_latency_us, jnp.max, -BIG), link_latency_us)
     ll128 = jnp.maximum(worst(net.ll128_latency_us, jnp.max, -BIG), link_latency_us)
@@ -453,8 +455,6 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
     if hplan.link:
         link = catalog.link(hplan.link)
         link_bw, link_lat = float(link["bw_GBps"]) * float(link.get("busbw_eff", 1.0)), float(link["latency_us"])
-        # cross_network multiplies by the slowest kind's bus efficiency; the named link's own
-        # efficiency is folded into its bandwidth above.
     used = jnp.asarray([1.0 if k in used_kinds else 0.0 for k in kinds])
     cross = cross_network(stacked, used, link_bw, link_lat)
     arrays = {k: np.asarray(v)[0] for k, v in hp.to_arrays([hplan], kinds, shape).items()}

@@ -129,6 +129,30 @@ def test_cross_kind_traffic_is_never_cheaper_than_the_slowest_link_it_crosses(ca
     assert float(linked.dp_comm_s) >= float(mixed.dp_comm_s)
 
 
+def test_cross_network_applies_each_links_bus_efficiency_once(catalog):
+    """The network between kinds carries the slowest bus bandwidth (line rate x bus efficiency) of
+    the links it may cross: a named link slower than the kinds' NICs sets it at exactly its own
+    bus bandwidth, a faster one leaves the kinds' slowest NIC in charge."""
+    import dataclasses
+
+    hp = _one_pipeline([(32, [(A100, 4, 1), (H100, 4, 1)])])
+    nics = []
+    for kind in (A100, H100):
+        gpu = catalog.gpu(kind)
+        nic = catalog.links[gpu["nic"]]
+        nics.append(float(nic["bw_GBps"]) * float(gpu.get("nics_per_gpu", 1.0)) * float(nic["busbw_eff"]))
+
+    def bus(link=""):
+        net = hsim.hetero_spec(dataclasses.replace(hp, link=link), catalog, shape=SHAPE).cross
+        return float(net.bw_GBps[-1]) * float(net.busbw_eff[-1])
+
+    assert bus() == pytest.approx(min(nics), rel=1e-6)
+    scaleout = {k: e for k, e in catalog.links.items() if e["kind"] == "scaleout"}
+    for name, e in scaleout.items():
+        own = float(e["bw_GBps"]) * float(e.get("busbw_eff", 1.0))
+        assert bus(name) == pytest.approx(min(own, min(nics)), rel=1e-6), name
+
+
 def test_pipeline_sends_between_kinds_cross_the_scale_out_network(catalog, cal):
     same = _evaluate(catalog, cal, _one_pipeline([(16, [(H100, 2, 1)]), (16, [(H100, 2, 1)])]), cluster={H100: 4})
     mixed = _evaluate(catalog, cal, _one_pipeline([(16, [(H100, 2, 1)]), (16, [(A100, 2, 1)])]))
