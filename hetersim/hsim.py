@@ -13,10 +13,12 @@ priced with the stages of :mod:`hetersim.simulate` on its own kind's specs, with
   busiest's) / vp`` (the 1F1B composition of :mod:`hetersim.simulate`, Narayanan et al. SC'21);
   the job the slowest pipeline's, with its slots' exposed gradient synchronisation, optimizer
   and offload. For one kind and equal stages this is :func:`hetersim.simulate.simulate` exactly.
-* **Traffic between kinds.** Two kinds never share a scale-up domain: a data-parallel group
-  whose replicas span kinds, and a pipeline send between stages on different kinds, go over
-  the ``cross`` network — the slowest of the kinds' scale-out links and of the link the plan
-  names between them (NCCL's ring is as fast as its slowest hop).
+* **Traffic between kinds.** Two kinds never share a scale-up domain. A data-parallel group
+  whose replicas span kinds runs its collectives on the ``cross`` network: each kind's GPUs of
+  the group in that kind's own nodes, at every level the slowest of the kinds' links, and the
+  nodes joined by the slowest of their scale-out links and of the link the plan names between
+  them (NCCL's ring is as fast as its slowest hop). A pipeline send between stages on
+  different kinds crosses that outermost link.
 * **Memory per stage**: its layers, the embedding on the first stage and the head (and its
   logits) on the last, the micro-batches a stage in position ``i`` of ``P`` holds under 1F1B
   (``min(P - i, n)``), states sharded over the stage's data-parallel group.
@@ -92,37 +94,45 @@ class HeteroBreakdown:
 
 
 def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0.0) -> NetworkSpec:
-    """The network between device kinds: one level (every inner level one GPU wide), at the
-    slowest bus bandwidth (line rate times bus efficiency) and highest latency of the scale-out
-    links of the kinds ``used`` [K] and of a link between them (``link_bw_GBps``: its bus
-    bandwidth, efficiency included; 0: none named). The bus bandwidth is carried whole in
-    ``bw_GBps`` with ``busbw_eff`` 1, so that no efficiency is applied twice."""
+    """The network of a group whose ranks sit on several device kinds [K] (``used`` > 0): each
+    level at the smallest domain, the slowest bus bandwidth (line rate times bus efficiency) and
+    the highest latency of those kinds' own; the outermost also at a link named between them
+    (``link_bw_GBps``: its bus bandwidth, efficiency included; 0: none named). The bus bandwidth
+    is carried whole in ``bw_GBps`` with ``busbw_eff`` 1, so that no efficiency is applied twice.
+
+    Every kind keeps its nodes: NCCL's ring over such a group runs each node's hops on that
+    node's own links and crosses nodes on their NICs, so a collective over it has the phases of
+    :mod:`hetersim.terms.comm` inside the nodes and a scale-out phase at the slowest NIC. Two
+    kinds never share a domain, so traffic from one kind to another (a pipeline send between
+    them) crosses the outermost level (:func:`between_kinds`)."""
     net = systems.network
-    top = N_LEVELS - 1
-    on = used > 0
-    bw = jnp.min(jnp.where(on, net.bw_GBps[:, top] * net.busbw_eff[:, top], BIG))
-    bw = jnp.where(link_bw_GBps > 0, jnp.minimum(bw, link_bw_GBps), bw)
-    eff = 1.0
+    on = (used > 0)[:, None]
 
     def worst(a, fn, fill):
-        return fn(jnp.where(on, a[:, top], fill))
+        return fn(jnp.where(on, a, fill), axis=0)
 
-    lat = jnp.maximum(worst(net.latency_us, jnp.max, -BIG), link_latency_us)
-    ll = jnp.maximum(worst(net.ll_latency_us, jnp.max, -BIG), link_latency_us)
-    ll128 = jnp.maximum(worst(net.ll128_latency_us, jnp.max, -BIG), link_latency_us)
-    ones = jnp.ones(N_LEVELS)
+    top = N_LEVELS - 1
+    bw = worst(net.bw_GBps * net.busbw_eff, jnp.min, BIG)
+    bw = bw.at[top].set(jnp.where(link_bw_GBps > 0, jnp.minimum(bw[top], link_bw_GBps), bw[top]))
 
-    def level(x):
-        return ones * x
+    def lat(a):
+        return worst(a, jnp.max, -BIG).at[top].max(link_latency_us)
 
     return NetworkSpec(
-        domain_gpus=ones.at[top].set(float(1 << 24)),
-        bw_GBps=level(bw),
-        busbw_eff=level(eff),
-        latency_us=level(lat),
-        ll_latency_us=level(ll),
-        ll128_latency_us=level(ll128),
+        domain_gpus=worst(net.domain_gpus, jnp.min, BIG).at[top].set(float(1 << 24)),
+        bw_GBps=bw,
+        busbw_eff=jnp.ones(N_LEVELS),
+        latency_us=lat(net.latency_us),
+        ll_latency_us=lat(net.ll_latency_us),
+        ll128_latency_us=lat(net.ll128_latency_us),
     )
+
+
+def between_kinds(net: NetworkSpec) -> NetworkSpec:
+    """``net`` (a :func:`cross_network`) for traffic from one kind to another: every inner level
+    one GPU wide, so a point-to-point send crosses the outermost."""
+    inner = jnp.arange(net.domain_gpus.shape[-1]) < N_LEVELS - 1
+    return dataclasses.replace(net, domain_gpus=jnp.where(inner, 1.0, net.domain_gpus))
 
 
 def _kinds_onehot(hs: HeteroSpec, present):
@@ -144,8 +154,7 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     st = _structure(hs)
     sys = jax.tree.map(lambda a: a[hs.kind], hs.systems)  # leaves [J, S, R, ...]
     cross = jax.tree.map(lambda a: jnp.broadcast_to(a, (*st.bc, *a.shape)), hs.cross)
-    sys_x = dataclasses.replace(sys, network=cross)
-    lc, p2p = _costs(model, hs, plan, cal, st, sys, sys_x)
+    lc, p2p = _costs(model, hs, plan, cal, st, sys, dataclasses.replace(sys, network=between_kinds(cross)))
     split = _layer_split(model, hs, st, lc)
     t_terms, tau, group_sum = _latencies(model, hs, st, lc, p2p, split)
     mb, batch_ok, stage_lat = _share_microbatches(hs, plan, st, tau)
@@ -156,7 +165,10 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     lat_star = jnp.take_along_axis(stage_lat, s_star[:, None], axis=1)[:, 0]
     sums = jnp.max(jnp.where(st.on, group_sum, 0.0), axis=2)  # slowest replica of each group
     bubble = jnp.where(st.depth > 1, (jnp.sum(jnp.where(st.s_on, sums, 0.0), axis=1) - lat_star) / plan.vp, 0.0)
-    n_dp, cross_dp = _dp_groups(model, hs, st, split)
+    n_dp, cross_dp, node_cap = _dp_groups(model, hs, st, split)
+    inner = jnp.arange(N_LEVELS) < N_LEVELS - 1
+    cross_dom = jnp.where(inner, jnp.minimum(cross.domain_gpus, node_cap[..., None, None]), cross.domain_gpus)
+    sys_x = dataclasses.replace(sys, network=dataclasses.replace(cross, domain_gpus=cross_dom))
     out = _slots(model, hs, plan, cal, st, sys, sys_x, lc, t_terms, n_dp, split["layers"], mb, cross_dp)
     oc = out["oc"]
     J, S, R = st.bc
@@ -339,20 +351,25 @@ def _share_microbatches(hs, plan, st, tau):
 
 def _dp_groups(model, hs, st, split):
     """The data-parallel group of each stage's layers: every copy's replicas of the stages holding
-    its first layer (the embedding at 0 / the head at the end for a stage without layers), and
-    whether that group spans two kinds."""
+    its first layer (the embedding at 0 / the head at the end for a stage without layers), whether
+    that group spans two kinds, and then the most GPUs of the group one node can hold (each kind's
+    GPUs of the group sit on that kind's own nodes)."""
     held, total = split["held"], split["total"]
     hi = jnp.cumsum(held, axis=1)
     lo = hi - held
+    onehot = _kinds_onehot(hs, st.on)  # [J, S, R, K]
+    gpus = (hs.pipe_count[:, None, None] * hs.count * hs.tp)[..., None] * onehot
 
     def group_of(x):
         ends = ((x == 0.0) & st.first) | ((x >= total) & st.last)
         inside = st.s_on & jnp.where(held > 0, (lo <= x) & (x < hi), (x == lo) & ends)
         n = jnp.sum(jnp.where(inside, hs.pipe_count[:, None] * st.reps, 0.0))
-        return n, jnp.any(jnp.where(inside[..., None], st.kinds, False), axis=(0, 1))
+        per_kind = jnp.sum(jnp.where(inside[..., None, None], gpus, 0.0), axis=(0, 1, 2))  # [K]
+        return n, jnp.any(jnp.where(inside[..., None], st.kinds, False), axis=(0, 1)), per_kind
 
-    n_dp, kinds = jax.vmap(jax.vmap(group_of))(lo + jnp.where(held > 0, 0.5, 0.0))
-    return jnp.where(st.s_on, jnp.maximum(n_dp, 1.0), 1.0), jnp.sum(kinds, axis=-1) > 1
+    n_dp, kinds, per_kind = jax.vmap(jax.vmap(group_of))(lo + jnp.where(held > 0, 0.5, 0.0))
+    node_cap = jnp.min(jnp.where(per_kind > 0, per_kind, BIG), axis=-1)
+    return jnp.where(st.s_on, jnp.maximum(n_dp, 1.0), 1.0), jnp.sum(kinds, axis=-1) > 1, node_cap
 
 
 def _slots(model, hs, plan, cal, st, sys, sys_x, lc, t_terms, n_dp, layers, mb, cross_dp):

@@ -82,7 +82,7 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
         mla = model.heads * (model.head_dim + model.rope_head_dim + model.v_head_dim)
         kv_width = jnp.where(model.kv_lora_rank > 0, mla, kv_width)
     kv_bytes = T * kv_width / plan.tp * act
-    ring_step = comm.p2p_s(net, s_cp, kv_bytes)
+    ring_step = comm.p2p_s(net, s_cp, kv_bytes, n=plan.cp)
     cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
     cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)
 
@@ -159,7 +159,7 @@ def p2p_chunk_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     _, _, _, s_pp = comm.strides(plan)
     T = plan.micro_batch * plan.seq_len / plan.cp
     nbytes = T * model.hidden * compute.act_bytes(plan) / jnp.where(plan.sp > 0, plan.tp, 1.0)
-    p2p = 2.0 * plan.vp * comm.p2p_s(system.network, s_pp, nbytes)
+    p2p = 2.0 * plan.vp * comm.p2p_s(system.network, s_pp, nbytes, n=plan.pp)
     # A stack whose pipeline sends block (DeepSpeed's engine) hides none of it.
     hidden = cal.pp_overlap * compute.stack_fact(stacks.table().p2p_overlap, plan)
     return jnp.where(plan.pp > 1, (1.0 - hidden) * p2p, 0.0)

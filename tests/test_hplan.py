@@ -153,6 +153,23 @@ def test_cross_network_applies_each_links_bus_efficiency_once(catalog):
         assert bus(name) == pytest.approx(min(own, min(nics)), rel=1e-6), name
 
 
+def test_a_data_parallel_group_across_kinds_keeps_each_kinds_nodes(catalog, cal):
+    """Gradient synchronisation over 8 A100 + 8 H100 replicas runs as NCCL's ring does: each
+    kind's hops inside its own node, the nodes joined by the slower NIC. With the A100's NVLink
+    and NIC the slower at both levels, it costs what 16 A100 in two nodes cost, and less than
+    the same group with every GPU its own node (nothing hidden behind the backward, to compare
+    the collectives themselves)."""
+    import dataclasses
+
+    cal = dataclasses.replace(cal, dp_overlap=0.0)
+    mixed = _one_pipeline([(32, [(A100, 1, 8), (H100, 1, 8)])])
+    t = float(_evaluate(catalog, cal, mixed, cluster={A100: 8, H100: 8}).total.dp_comm_s)
+    a100 = float(_evaluate(catalog, cal, _one_pipeline([(32, [(A100, 1, 16)])]), cluster={A100: 16}).total.dp_comm_s)
+    flat = float(_evaluate(catalog, cal, mixed, cluster={A100: 1, H100: 1}).total.dp_comm_s)
+    assert t == pytest.approx(a100, rel=1e-5)
+    assert t < 0.5 * flat
+
+
 def test_pipeline_sends_between_kinds_cross_the_scale_out_network(catalog, cal):
     same = _evaluate(catalog, cal, _one_pipeline([(16, [(H100, 2, 1)]), (16, [(H100, 2, 1)])]), cluster={H100: 4})
     mixed = _evaluate(catalog, cal, _one_pipeline([(16, [(H100, 2, 1)]), (16, [(A100, 2, 1)])]))

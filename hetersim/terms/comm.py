@@ -177,8 +177,13 @@ def all_gather_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
 reduce_scatter_s = all_gather_s
 
 
-def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0):
-    """Point-to-point transfer between ranks ``stride`` apart, on the innermost level holding both."""
+def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
+    """Point-to-point transfer between neighbours ``stride`` apart in a chain (or ring) of ``n``
+    ranks, on the innermost level whose domain holds the whole chain: the chain spans
+    ``(n - 1) * stride`` ranks, and where that crosses a domain of a level some neighbour pair
+    sends across the next one -- the slowest send paces every step (a pipeline's stages, a
+    ring's steps). ``n = 2``: one pair."""
+    span = (jnp.maximum(n, 2.0) - 1.0) * stride
     t = None
     for level in reversed(range(N_LEVELS)):
         bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
@@ -186,7 +191,7 @@ def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0):
         if t is None:
             t = tl
         else:
-            t = jnp.where(stride < net.domain_gpus[level], tl, t)
+            t = jnp.where(span < net.domain_gpus[level], tl, t)
     return t
 
 
