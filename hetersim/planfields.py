@@ -28,6 +28,7 @@ from .types import (
     CheckpointTier,
     Choice,
     Dispatcher,
+    GradReduce,
     Loss,
     OffloadState,
     Order,
@@ -409,6 +410,16 @@ FIELDS: tuple[PlanField, ...] = (
         help="ZeRO-3 reuse distance in 1e6 parameters (DeepSpeed's stage3_max_reuse_distance; 0: FSDP).",
     ),
     PlanField("fragmentation", "float", 0.0, _FRAG_NAME, "1", lo=0.0, hi=0.9, help=_FRAG_HELP),
+    PlanField(
+        "grad_reduce",
+        "choice",
+        GradReduce.AUTO.label,
+        "dtype of the gradients on the wire (auto: the stack's)",
+        label="gr",
+        axis=True,
+        options=GradReduce,
+        help="Gradient reduction dtype: auto (the stack's), fp32 (DeepSpeed fp32_allreduce), model (16-bit).",
+    ),
 )
 BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}
 

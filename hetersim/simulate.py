@@ -269,7 +269,7 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     def parts(p_local, n, stride):
         """(all-reduce, reduce-scatter, all-gather) (bandwidth, latency) pairs of ``p_local``
         parameters over a group of ``n`` ranks."""
-        grad_bytes = p_local * memory.grad_bytes(plan)
+        grad_bytes = p_local * memory.grad_wire_bytes(plan)
         w_bytes = p_local * memory.WEIGHT_BYTES
         n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n)), 1.0)
         n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n, grads=True)), 1.0)

@@ -93,6 +93,17 @@ class Loss(Choice):
     AUTO = 2
 
 
+# The dtype gradients cross the data-parallel collectives in: "auto" the stack's and the plan's
+# (memory.grad_bytes: fp32 for Megatron DDP's main_grad and FSDP2's reduce_dtype, the model's
+# 16-bit dtype for the distributed optimizer and DeepSpeed), or forced: "fp32" (DeepSpeed's
+# fp32_allreduce, Megatron's accumulate_allreduce_grads_in_fp32 with the distributed optimizer)
+# or "model" (Megatron's --grad-reduce-in-bf16; DeepSpeed's communication_data_type = fp16/bf16).
+class GradReduce(Choice):
+    AUTO = 0
+    FP32 = 1
+    MODEL = 2
+
+
 # How MoE tokens reach their experts' ranks: "alltoall" one NCCL all-to-all of every token copy
 # (Megatron-Core's MoEAlltoAllTokenDispatcher, its default moe_token_dispatcher_type); "deepep"
 # hierarchical: each token crosses the scale-out network once per destination node and fans out

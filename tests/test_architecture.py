@@ -203,6 +203,7 @@ mla_up_proj = false
 fused_experts = false
 pp_layout = false
 fragmentation = 0.0
+grad_reduce = "auto"
 """
 
 

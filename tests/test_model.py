@@ -212,3 +212,17 @@ def test_interleaving_rule_of_the_model_and_of_the_front_door_agree(catalog, cal
     else:
         with pytest.raises(FieldError, match="divisible by pp\\*vp"):
             check_layout(entry, opts, opts)
+
+
+def test_gradients_reduced_in_fp32_double_the_wire_bytes_and_leave_memory_alone(catalog, cal):
+    """``grad_reduce = fp32`` (DeepSpeed's fp32_allreduce) sends a 16-bit DeepSpeed plan's
+    gradients as fp32: twice the bandwidth time of its data-parallel sync (nothing hidden here,
+    to see the collective itself), the same gradient memory; ``model`` is what a 16-bit DeepSpeed
+    plan reduces in already."""
+    cal0 = dataclasses.replace(cal, dp_overlap=0.0)
+    base = dict(model="gpt3-1.3b", gpu="a100-sxm-80gb", n_gpus=16, tp=1, pp=1, global_batch=32, seq_len=2048)
+    base.update(sp=False, zero=0, precision="fp16", stack="deepspeed", bucket_Mparams=1e4)
+    out = {g: jax.jit(simulate)(*make(catalog, **base, grad_reduce=g), cal0) for g in ("auto", "fp32", "model")}
+    assert float(out["model"].dp_comm_s) == pytest.approx(float(out["auto"].dp_comm_s), rel=1e-6)
+    assert 1.8 < float(out["fp32"].dp_comm_s) / float(out["auto"].dp_comm_s) <= 2.0
+    assert float(out["fp32"].grads_GiB) == pytest.approx(float(out["auto"].grads_GiB), rel=1e-6)

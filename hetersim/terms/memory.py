@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import ModelSpec, Plan
-from ..types import Attention, Loss, Precision, Recompute, Stack
+from ..types import Attention, GradReduce, Loss, Precision, Recompute, Stack
 from ..units import GiB
 from . import compute, moe
 from .flops import dense_mlp_params, expert_params, kv_width, layer_params, n_mlp_matrices, q_width
@@ -106,6 +106,16 @@ def grad_bytes(plan: Plan):
     # (communication_data_type defaults to fp16); bf16 FSDP reduces in fp32 (FSDP2's reduce_dtype).
     fp16_z3 = (plan.zero >= 3) & (plan.precision_code == Precision.FP16)
     return jnp.where((dist_opt | fp16_z3) & (plan.precision_code != Precision.FP32), GRAD_BYTES_DIST_OPT, GRAD_BYTES)
+
+
+def grad_wire_bytes(plan: Plan):
+    """Bytes per gradient element in the data-parallel collectives: the stored dtype
+    (:func:`grad_bytes`) unless the plan's ``grad_reduce`` forces fp32 (a copy upcast per
+    bucket: DeepSpeed's ``allreduce_bucket`` with fp32_allreduce, deepspeedai/DeepSpeed
+    deepspeed/runtime/engine.py) or the model's 16-bit dtype."""
+    model16 = jnp.where(plan.precision_code == Precision.FP32, GRAD_BYTES, GRAD_BYTES_DIST_OPT)
+    code = plan.grad_reduce_code
+    return jnp.where(code == GradReduce.FP32, GRAD_BYTES, jnp.where(code == GradReduce.MODEL, model16, grad_bytes(plan)))
 
 
 def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
