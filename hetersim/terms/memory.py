@@ -115,7 +115,8 @@ def grad_wire_bytes(plan: Plan):
     deepspeed/runtime/engine.py) or the model's 16-bit dtype."""
     model16 = jnp.where(plan.precision_code == Precision.FP32, GRAD_BYTES, GRAD_BYTES_DIST_OPT)
     code = plan.grad_reduce_code
-    return jnp.where(code == GradReduce.FP32, GRAD_BYTES, jnp.where(code == GradReduce.MODEL, model16, grad_bytes(plan)))
+    forced = jnp.where(code == GradReduce.MODEL, model16, grad_bytes(plan))
+    return jnp.where(code == GradReduce.FP32, GRAD_BYTES, forced)
 
 
 def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
