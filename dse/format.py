@@ -223,6 +223,7 @@ def stack_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
         "elementwise": prof.elementwise,
         "tp_comm_overlap": prof.tp_comm_overlap,
         "p2p_overlap": prof.p2p_overlap,
+        "dp_overlap": prof.dp_overlap,
         "sources": dict(prof.sources),
     }
 
@@ -232,7 +233,8 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     con.print(
         f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
         f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}, "
-        f"pipeline-send overlap {on(st['p2p_overlap'])}; sources: hetersim/catalog/stacks.toml",
+        f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}; "
+        "sources: hetersim/catalog/stacks.toml",
         highlight=False,
         markup=True,
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from . import stacks
 from .layer import LayerCosts, layer_costs, p2p_chunk_s
 from .outputs import OUTPUTS, STEP_TERMS
 from .pytree import spec
@@ -294,8 +295,10 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
         )
     win_b = cal.dp_overlap * pipe.bwd_s
     win_f = cal.dp_overlap * pipe.fwd_s
-    dp_z0 = pos(ar_bw - win_b) + ar_lat
-    dp_z12 = pos(rs_bw - win_b) + rs_lat + pos(ag_bw - win_f) + ag_lat
+    # ZeRO 0-2 reductions hide only where the stack sends them during the passes (dp_overlap).
+    ddp = compute.stack_fact(stacks.table().dp_overlap, plan)
+    dp_z0 = pos(ar_bw - ddp * win_b) + ar_lat
+    dp_z12 = pos(rs_bw - ddp * win_b) + rs_lat + pos(ag_bw - ddp * win_f) + ag_lat
     # Under full recomputation the recomputed forward gathers the weights again; a stack that
     # releases them after that use (DeepSpeed) gathers once more for the backward (zero3_regather).
     g = zero3_regather(model, plan)

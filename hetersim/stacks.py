@@ -3,7 +3,8 @@
 The plan field ``stack`` (:class:`hetersim.types.Stack`) names a profile. A profile is a set of
 categorical facts, each with its source: the attention and loss kernels a plan with ``attention =
 auto`` / ``loss = auto`` runs, whether its element-wise work is fused or runs as eager PyTorch ops,
-whether its tensor-parallel collectives and pipeline sends overlap compute. The traced model reads
+whether its tensor-parallel collectives, pipeline sends and data-parallel gradient reductions
+overlap compute. The traced model reads
 them as small per-stack arrays indexed by ``plan.stack_code`` (:func:`table`). Nothing here
 imports JAX.
 """
@@ -23,7 +24,7 @@ from .types import Attention, Loss, Stack
 __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
 
 ELEMENTWISE = ("fused", "eager")
-_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap")
+_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap", "dp_overlap")
 _KEYS = {"name", "sources", *_FACTS}
 
 
@@ -36,6 +37,7 @@ class Profile:
     elementwise: str
     tp_comm_overlap: bool
     p2p_overlap: bool
+    dp_overlap: bool
     sources: dict[str, str]
 
 
@@ -48,6 +50,7 @@ class StackTable:
     eager: np.ndarray  # 1.0 where element-wise work runs as eager PyTorch ops
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
     p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
+    dp_overlap: np.ndarray  # 1.0 where data-parallel gradient reductions overlap the backward
 
 
 def default_path() -> Path:
@@ -93,7 +96,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
     unsourced = [k for k in _FACTS if not str(sources.get(k, "")).strip()]
     if unsourced:
         raise ValueError(f"{where}: sources.{unsourced[0]} is missing; every fact names its source")
-    for k in ("tp_comm_overlap", "p2p_overlap"):
+    for k in ("tp_comm_overlap", "p2p_overlap", "dp_overlap"):
         if not isinstance(entry[k], bool):
             raise ValueError(f"{where}: {k} must be true or false; got {entry[k]!r}")
     fused = tuple(n for n in Attention.names() if n != Attention.AUTO.label)
@@ -105,6 +108,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
         elementwise=_choice(where, "elementwise", entry["elementwise"], ELEMENTWISE),
         tp_comm_overlap=entry["tp_comm_overlap"],
         p2p_overlap=entry["p2p_overlap"],
+        dp_overlap=entry["dp_overlap"],
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -143,4 +147,5 @@ def table() -> StackTable:
         eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
         tp_comm_overlap=np.array([float(p.tp_comm_overlap) for p in rows], np.float32),
         p2p_overlap=np.array([float(p.p2p_overlap) for p in rows], np.float32),
+        dp_overlap=np.array([float(p.dp_overlap) for p in rows], np.float32),
     )

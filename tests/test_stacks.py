@@ -33,7 +33,7 @@ def test_every_stack_has_a_complete_cited_profile():
     for name in Stack.names():
         prof = stacks.profile(name)
         assert prof.key == name
-        for fact in ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap"):
+        for fact in ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap", "dp_overlap"):
             assert len(prof.sources[fact]) > 20, (name, fact)
 
 
@@ -73,6 +73,21 @@ def test_blocking_tensor_and_pipeline_communication_is_never_faster(catalog, cal
     m, s, p = make(catalog, "llama2-70b", pp=4, stack="megatron", attention="flash2")
     _, _, p_ds = make(catalog, "llama2-70b", pp=4, stack="deepspeed", attention="flash2")
     assert float(sim(m, s, p_ds, cal).pp_comm_s) > float(sim(m, s, p, cal).pp_comm_s)
+
+
+def test_gradients_reduced_after_the_backward_expose_the_whole_reduction(catalog, cal):
+    """DeepSpeed (ZeRO 0 and 1, its pipeline engine) reduces gradients after the backward: the
+    whole reduction shows in the step, where FSDP / Megatron hide its bandwidth behind the
+    backward; with nothing hidden by the calibration both are the same collective (both in 16 bits)."""
+    import dataclasses
+
+    opts = dict(n_gpus=64, tp=1, pp=1, global_batch=64, seq_len=4096, sp=False, attention="flash2", grad_reduce="model")
+    for zero in (0, 1):
+        specs = {st: make(catalog, "llama2-7b", **opts, zero=zero, stack=st) for st in ("deepspeed", "fsdp")}
+        after, during = (float(sim(*specs[st], cal).dp_comm_s) for st in ("deepspeed", "fsdp"))
+        assert after > during
+        cal0 = dataclasses.replace(cal, dp_overlap=0.0)
+        assert float(sim(*specs["fsdp"], cal0).dp_comm_s) == pytest.approx(after, rel=1e-6)
 
 
 def test_attention_utilisation_rises_with_sequence_length_at_fixed_kernel():
