@@ -304,7 +304,24 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     g = zero3_regather(model, plan)
     z3_mb = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_mb, dp_z12], dp_z0)
-    return jnp.where((n_dp > 1) | (n_edp > 1), dp, 0.0)
+    dp = jnp.where((n_dp > 1) | (n_edp > 1), dp, 0.0)
+    return dp + tied_embedding_sync_s(model, system, plan, vocab_mats)
+
+
+def tied_embedding_sync_s(model: ModelSpec, system: SystemSpec, plan: Plan, vocab_mats=None):
+    """The all-reduce of a tied embedding's gradient between the first and the last pipeline
+    stage, which each hold a copy, after the pipeline drains: Megatron-LM's
+    ``backward-embedding-all-reduce`` in train_step (NVIDIA/Megatron-LM megatron/training.py @
+    v2.5; Megatron-Core's ``_allreduce_embedding_grads`` in finalize_model_grads) and DeepSpeed's
+    ``ReduceTiedGrads`` at the end of the batch (deepspeedai/DeepSpeed deepspeed/runtime/pipe/
+    schedule.py @ edaa72212). Two ranks ``pp - 1`` stages apart, ``vocab x hidden / tp``
+    gradients each; none without a pipeline, an untied head or a stage without a vocabulary
+    matrix (``vocab_mats`` 0)."""
+    _, _, _, s_pp = comm.strides(plan)
+    nbytes = model.vocab * model.hidden / plan.tp * memory.grad_bytes(plan)  # the gradient itself, in place
+    t = comm.all_reduce_s(system.network, 2.0, (plan.pp - 1.0) * s_pp, nbytes)
+    holds = True if vocab_mats is None else jnp.asarray(vocab_mats) > 0
+    return jnp.where((plan.pp > 1) & (model.tied_embeddings > 0) & holds, t, 0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -226,3 +226,24 @@ def test_gradients_reduced_in_fp32_double_the_wire_bytes_and_leave_memory_alone(
     assert float(out["model"].dp_comm_s) == pytest.approx(float(out["auto"].dp_comm_s), rel=1e-6)
     assert 1.8 < float(out["fp32"].dp_comm_s) / float(out["auto"].dp_comm_s) <= 2.0
     assert float(out["fp32"].grads_GiB) == pytest.approx(float(out["auto"].grads_GiB), rel=1e-6)
+
+
+def test_a_tied_embedding_is_synchronised_between_the_first_and_the_last_stage(catalog, cal):
+    """With a pipeline, the first stage's embedding and the last stage's head are one tied matrix
+    held twice: its gradient is all-reduced between them after the backward (Megatron-LM,
+    DeepSpeed's ReduceTiedGrads) -- vocab x hidden / tp gradients over the link between the two
+    stages; nothing without a pipeline or with an untied head."""
+    from hetersim import simulate as sim_mod
+
+    m_untied, s, _ = make(catalog, "llama2-7b")
+    m = dataclasses.replace(m_untied, tied_embeddings=jnp.asarray(1.0))
+    grid = dict(n_gpus=32, tp=4, global_batch=64, seq_len=4096, sp=True, zero=1)
+    p4, p1 = build.plan_spec(pp=4, **grid), build.plan_spec(pp=1, **grid)
+    t = float(sim_mod.tied_embedding_sync_s(m, s, p4))
+    nbytes = float(m.vocab * m.hidden) / 4 * 2.0  # Megatron's distributed optimizer: 16-bit grads
+    nic = float(s.network.bw_GBps[-1] * s.network.busbw_eff[-1]) * 1e9
+    assert t == pytest.approx(nbytes / nic, rel=0.05)  # two ranks in different nodes: M / busbw
+    assert float(sim_mod.tied_embedding_sync_s(m, s, p1)) == 0.0
+    assert float(sim_mod.tied_embedding_sync_s(m_untied, s, p4)) == 0.0
+    tied, untied = (float(jax.jit(simulate)(mm, s, p4, cal).dp_comm_s) for mm in (m, m_untied))
+    assert tied == pytest.approx(untied + t, rel=1e-5)
