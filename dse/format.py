@@ -224,6 +224,7 @@ def stack_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
         "tp_comm_overlap": prof.tp_comm_overlap,
         "p2p_overlap": prof.p2p_overlap,
         "dp_overlap": prof.dp_overlap,
+        "cp_torch_ring": prof.cp_torch_ring,
         "sources": dict(prof.sources),
     }
 

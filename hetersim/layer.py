@@ -77,14 +77,28 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
     # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
     # MLA passes its up-projected keys and values (a*(d + d_r) and a*d_v per token).
-    kv_width = 2.0 * model.kv_heads * model.head_dim
+    # PyTorch's ring attention (torchtitan; the stack fact cp_torch_ring) passes K/V repeated to
+    # the query heads and the backward's dK/dV in fp32. Its default all-gather rotation fetches all
+    # other ranks' K/V while only the first step (the local block, 1/cp of the attention) runs,
+    # and waits for it at the second (PyTorch PR 132820; torchtitan's default rotate method
+    # "allgather", torchtitan/config_manager.py @ 9dec370); each step's dK/dV reach the next rank
+    # while that rank computes one step. Transformer Engine's ring sends every step's K/V while the
+    # step before computes: the whole pass hides it.
+    torch_ring = compute.stack_fact(stacks.table().cp_torch_ring, plan)
+    kv_width = 2.0 * jnp.where(torch_ring > 0, model.heads, model.kv_heads) * model.head_dim
     if model.extra is not None:
         mla = model.heads * (model.head_dim + model.rope_head_dim + model.v_head_dim)
         kv_width = jnp.where(model.kv_lora_rank > 0, mla, kv_width)
     kv_bytes = T * kv_width / plan.tp * act
     ring_step = comm.p2p_s(net, s_cp, kv_bytes, n=plan.cp)
-    cp_f = jnp.where(plan.cp > 1, pos((plan.cp - 1.0) * ring_step - attn_f), 0.0)
-    cp_b = jnp.where(plan.cp > 1, pos(2.0 * (plan.cp - 1.0) * ring_step - attn_b), 0.0)
+    dkv_step = comm.p2p_s(net, s_cp, kv_bytes * jnp.where(torch_ring > 0, 4.0 / act, 1.0), n=plan.cp)
+    ring_f = pos((plan.cp - 1.0) * ring_step - attn_f)
+    ring_b = pos((plan.cp - 1.0) * (ring_step + dkv_step) - attn_b)
+    step_f, step_b = attn_f / plan.cp, attn_b / plan.cp
+    gather_f = pos((plan.cp - 1.0) * ring_step - step_f)
+    gather_b = pos((plan.cp - 1.0) * ring_step - step_b) + (plan.cp - 1.0) * pos(dkv_step - step_b)
+    cp_f = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_f, ring_f), 0.0)
+    cp_b = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_b, ring_b), 0.0)
 
     # Recomputation during the backward: the whole forward (full) or the attention core
     # (selective); with flash attention selective recomputation also rebuilds the activation

@@ -24,7 +24,7 @@ from .types import Attention, Loss, Stack
 __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
 
 ELEMENTWISE = ("fused", "eager")
-_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap", "dp_overlap")
+_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring")
 _KEYS = {"name", "sources", *_FACTS}
 
 
@@ -38,6 +38,7 @@ class Profile:
     tp_comm_overlap: bool
     p2p_overlap: bool
     dp_overlap: bool
+    cp_torch_ring: bool
     sources: dict[str, str]
 
 
@@ -51,6 +52,7 @@ class StackTable:
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
     p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
     dp_overlap: np.ndarray  # 1.0 where data-parallel gradient reductions overlap the backward
+    cp_torch_ring: np.ndarray  # 1.0 where ring attention passes repeated K/V heads and fp32 dK/dV
 
 
 def default_path() -> Path:
@@ -96,7 +98,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
     unsourced = [k for k in _FACTS if not str(sources.get(k, "")).strip()]
     if unsourced:
         raise ValueError(f"{where}: sources.{unsourced[0]} is missing; every fact names its source")
-    for k in ("tp_comm_overlap", "p2p_overlap", "dp_overlap"):
+    for k in ("tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring"):
         if not isinstance(entry[k], bool):
             raise ValueError(f"{where}: {k} must be true or false; got {entry[k]!r}")
     fused = tuple(n for n in Attention.names() if n != Attention.AUTO.label)
@@ -109,6 +111,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
         tp_comm_overlap=entry["tp_comm_overlap"],
         p2p_overlap=entry["p2p_overlap"],
         dp_overlap=entry["dp_overlap"],
+        cp_torch_ring=entry["cp_torch_ring"],
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -148,4 +151,5 @@ def table() -> StackTable:
         tp_comm_overlap=np.array([float(p.tp_comm_overlap) for p in rows], np.float32),
         p2p_overlap=np.array([float(p.p2p_overlap) for p in rows], np.float32),
         dp_overlap=np.array([float(p.dp_overlap) for p in rows], np.float32),
+        cp_torch_ring=np.array([float(p.cp_torch_ring) for p in rows], np.float32),
     )
