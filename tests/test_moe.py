@@ -374,3 +374,31 @@ def test_hfu_counts_the_recomputed_up_projections_under_mla_up_proj(catalog, cal
     per_token = float(flops.model_flops_per_token(model, 4096))
     expected = 2.0 * (1536 * 128 * 192 + 512 * 128 * 256) * 61 / per_token
     assert float(recompute_share(model, up)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_first_stage_holds_the_leading_dense_layers(catalog, cal):
+    """DeepSeek-V3's three leading dense layers (first_k_dense_replace) sit on pipeline rank 0's
+    first chunk (Megatron-Core get_transformer_layer_offset), so the first stage, which holds the
+    most micro-batches' activations, stores three MoE layers fewer than its layer count; a model
+    whose layers are all MoE (Qwen3) or that interleaves them (Llama 4 Maverick) is unchanged, and
+    the step time (the busiest stage's MoE layers) is untouched."""
+    for pp, vp in ((16, 1), (4, 4), (2, 8)):
+        model, _, plan = _moe(catalog, "deepseek-v3", n_gpus=256, pp=pp, vp=vp, ep=8, global_batch=512)
+        layers = memory.busiest_stage_layers(model, plan)
+        assert float(memory.first_stage_moe_layers(model, plan, layers)) == float(layers) - 3.0
+        assert float(memory.moe_stage_layers(model, layers)) == float(layers)
+    # One layer per chunk: rank 0's first chunk holds one dense layer (the other two go to ranks 1, 2).
+    model, _, plan = _moe(catalog, "deepseek-v3", n_gpus=248, pp=31, vp=2, ep=8, global_batch=496)
+    assert float(memory.first_stage_moe_layers(model, plan, 2.0)) == 1.0
+    for key in ("qwen3-30b-a3b", "llama4-maverick"):
+        model, _, plan = _moe(catalog, key, pp=4, ep=8)
+        layers = memory.busiest_stage_layers(model, plan)
+        assert float(memory.first_stage_moe_layers(model, plan, layers)) == float(
+            memory.moe_stage_layers(model, layers)
+        )
+    # The first stage's activations are smaller than if all its layers were MoE layers.
+    model, system, plan = _moe(catalog, "deepseek-v3", n_gpus=256, pp=16, ep=8, global_batch=512)
+    layers = memory.busiest_stage_layers(model, plan)
+    first = memory.activation_bytes(model, plan, 32.0)
+    busiest = memory.activation_bytes(model, plan, 32.0, layers=layers)
+    assert float(first) < float(busiest)
