@@ -168,3 +168,31 @@ def ep_comm_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
     etp_bytes = dispatch_bytes(m, plan) * plan.etp
     etp = 2.0 * comm.all_gather_s(net, plan.etp, jnp.ones_like(plan.etp), etp_bytes)
     return jnp.where(plan.ep > 1, a2a, 0.0) + jnp.where(plan.etp > 1, etp, 0.0)
+
+
+# Streaming multiprocessors the flex dispatcher's dispatch and combine kernels hold while they run:
+# DeepEP's default, 20 (Megatron-LM megatron/core/transformer/transformer_config.py
+# ``moe_deepep_num_sms``, "historical default 20", @ d98e8a64dd; DeepSeek-V3 report arXiv
+# 2412.19437 §3.5.1: "20 out of the 132 SMs available in the H800 GPU" for its all-to-all).
+# Megatron-Bridge's performance scripts give HybridEP 32 (scripts/performance/utils/overrides.py
+# ``moe_hybridep_num_sms = 32`` @ v0.5.1 5cb3444c43f7); 20 is the lower of the two.
+DISPATCH_SMS = 20.0
+
+
+def comm_sm_share(dev: DeviceSpec, plan: Plan):
+    """Share of the SMs the deepep dispatcher's kernels take from the compute they overlap (its
+    kernels are persistent CUDA blocks, one per SM, that copy tokens over NVLink and RDMA); the
+    plain alltoall dispatcher's NCCL kernels are not counted (no sourced figure)."""
+    share = safe_div(DISPATCH_SMS, dev.sm_count, 0.0)
+    return jnp.where(plan.dispatcher_code == Dispatcher.DEEPEP, jnp.minimum(share, 0.5), 0.0)
+
+
+def overlapped_ep_s(dev: DeviceSpec, plan: Plan, ep_pass, compute_s):
+    """Exposed time of one pass's dispatch and combine hidden under ``compute_s`` of another
+    micro-batch's other pass (Megatron-Core's ``overlap_moe_expert_parallel_comm``): what the
+    compute cannot cover, plus the compute slowed while the dispatcher holds its SMs: over the
+    ``min(ep_pass, compute_s)`` they run together the compute has ``1 - share`` of the SMs, so it
+    takes ``share * min(ep_pass, compute_s)`` longer."""
+    share = comm_sm_share(dev, plan)
+    return jnp.maximum(ep_pass - compute_s, 0.0) + share * jnp.minimum(ep_pass, compute_s)
+
