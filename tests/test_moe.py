@@ -18,6 +18,7 @@ from hetersim.catalog.models import model_from_hf_config
 from hetersim.pytree import replace
 from hetersim.simulate import simulate
 from hetersim.terms import compute, flops, memory, moe
+from hetersim.types import Dispatcher
 
 from .conftest import make
 
@@ -402,3 +403,39 @@ def test_the_first_stage_holds_the_leading_dense_layers(catalog, cal):
     first = memory.activation_bytes(model, plan, 32.0)
     busiest = memory.activation_bytes(model, plan, 32.0, layers=layers)
     assert float(first) < float(busiest)
+
+
+def test_the_deepep_dispatchers_sms_slow_the_compute_it_overlaps(catalog, cal):
+    """Under the 1F1B A2A overlap the deepep dispatcher holds DISPATCH_SMS of the SMs while it runs
+    (Megatron-LM moe_deepep_num_sms; DeepSeek-V3 §3.5.1): the compute it hides under takes
+    share x overlap longer; nothing to hide costs nothing; NCCL's alltoall is not charged; and
+    overlapping still never costs more than running the all-to-all exposed."""
+    model, system, plan = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=16, global_batch=128)
+    deep = replace(plan, dispatcher_code=plan.dispatcher_code * 0 + int(Dispatcher.DEEPEP))
+    dev = system.device
+    share = float(moe.comm_sm_share(dev, deep))
+    assert share == pytest.approx(moe.DISPATCH_SMS / float(dev.sm_count))
+    assert float(moe.comm_sm_share(dev, plan)) == 0.0
+    for x, c in ((1e-3, 4e-3), (4e-3, 1e-3), (0.0, 2e-3)):
+        got = float(moe.overlapped_ep_s(dev, deep, x, c))
+        assert got == pytest.approx(max(x - c, 0.0) + share * min(x, c))
+        assert got <= x
+    on = replace(deep, ep_overlap=deep.ep_overlap * 0 + 1)
+    assert float(sim(model, system, on, cal).step_time_s) <= float(sim(model, system, deep, cal).step_time_s)
+
+
+def test_the_alltoall_dispatcher_sorts_its_copies_by_local_expert(catalog, cal):
+    """Megatron's alltoall dispatcher sorts the received copies by local expert and back
+    (sort_chunks_by_idxs, more than one local expert): more element-wise time than the deepep
+    dispatcher's single permutation, none with one local expert or no expert parallelism."""
+    model, system, plan = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=16, global_batch=128)
+    deep = replace(plan, dispatcher_code=plan.dispatcher_code * 0 + int(Dispatcher.DEEPEP))
+    dev = system.device
+    assert float(moe.sorts_by_expert(model, plan)) == 1.0 and float(moe.sorts_by_expert(model, deep)) == 0.0
+    assert float(moe.block_elementwise_fwd_s(dev, cal, model, plan)) > float(
+        moe.block_elementwise_fwd_s(dev, cal, model, deep)
+    )
+    _, _, one = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=1, global_batch=128)
+    assert float(moe.sorts_by_expert(model, one)) == 0.0
+    _, _, each = _moe(catalog, "mixtral-8x7b", n_gpus=8, ep=8, global_batch=64)
+    assert float(moe.sorts_by_expert(build.model_spec(catalog.model("mixtral-8x7b")), each)) == 0.0

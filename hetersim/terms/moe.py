@@ -100,14 +100,29 @@ def shared_shapes(m: ModelSpec, plan: Plan):
 # * permutation: the fused permute reads a token and writes its ``top_k`` copies, the fused
 #   unpermute reads the copies and the probabilities and writes the token (``moe_permute_fusion``,
 #   Transformer Engine ``moe_permute``/``moe_unpermute``): 2 bytes x h x (1 + k) each, 2 kernels.
+# * sort by local expert: the alltoall dispatcher receives its token copies grouped by source rank
+#   and, with more than one local expert, sorts them by expert after the dispatch and back before
+#   the combine (Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
+#   ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` / ``combine_preprocess``:
+#   ``sort_chunks_by_idxs`` when ``num_local_experts > 1``, @ d98e8a64dd): each reads and writes
+#   every copy, 2 bytes x h x 2, one kernel each. The deepep (flex) dispatcher's permute after its
+#   dispatch writes them expert-major in one pass (the permutation above).
 ROUTER_BYTES_PER_EXPERT = 24.0
 ROUTER_KERNELS = 4.0
 PERMUTE_KERNELS = 2.0
+SORT_KERNELS = 2.0
+
+
+def sorts_by_expert(m: ModelSpec, plan: Plan):
+    """1 where the alltoall dispatcher sorts its received copies by local expert (and back)."""
+    many = (plan.ep > 1) & (local_experts(m, plan) > 1.0) & (plan.dispatcher_code != Dispatcher.DEEPEP)
+    return jnp.where(many, 1.0, 0.0)
 
 
 def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
-    """Router, permutation, the experts' activation function and FP8 casts of their inputs, and
-    the shared experts' activation function, on the busiest rank."""
+    """Router, permutation (and the alltoall dispatcher's sorts by local expert), the experts'
+    activation function and FP8 casts of their inputs, and the shared experts' activation
+    function, on the busiest rank."""
     e = compute.act_bytes(plan) / 2.0
     local, routed = local_tokens(plan), routed_tokens(m, plan)
     h, f = m.hidden, m.moe_ffn_hidden / plan.etp
@@ -116,8 +131,11 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
     act = e * routed * compute.act_fn_bytes(m, plan) * f
     shared = e * compute.tokens(plan) * compute.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
     fp8 = jnp.where(compute.low_precision(plan), 3.0 * routed * (h + f), 0.0)
+    sort = sorts_by_expert(m, plan)
+    sort_bytes = sort * 2.0 * 2.0 * e * h * local * m.top_k * plan.moe_imbalance
     kernels = ROUTER_KERNELS + PERMUTE_KERNELS + 2.0 + jnp.where(m.shared_ffn_hidden > 0, 1.0, 0.0)
-    return compute.stream_s(dev, cal, router + permute + act + shared + fp8, kernels)
+    kernels = kernels + sort * SORT_KERNELS
+    return compute.stream_s(dev, cal, router + permute + act + shared + fp8 + sort_bytes, kernels)
 
 
 def moe_act_fn_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
@@ -195,4 +213,3 @@ def overlapped_ep_s(dev: DeviceSpec, plan: Plan, ep_pass, compute_s):
     takes ``share * min(ep_pass, compute_s)`` longer."""
     share = comm_sm_share(dev, plan)
     return jnp.maximum(ep_pass - compute_s, 0.0) + share * jnp.minimum(ep_pass, compute_s)
-
