@@ -439,3 +439,38 @@ def test_the_alltoall_dispatcher_sorts_its_copies_by_local_expert(catalog, cal):
     assert float(moe.sorts_by_expert(model, one)) == 0.0
     _, _, each = _moe(catalog, "mixtral-8x7b", n_gpus=8, ep=8, global_batch=64)
     assert float(moe.sorts_by_expert(build.model_spec(catalog.model("mixtral-8x7b")), each)) == 0.0
+
+
+def test_fp8_expert_operands_are_cast_one_kernel_per_expert_unless_fused(catalog, cal):
+    """Transformer Engine's GroupedLinear casts each expert's split of an operand with its own
+    kernel outside FP8 delayed scaling (cast.cpp multi_tensor_quantize_impl): a kernel per local
+    expert in MXFP8 and FP8, one in NVFP4 (its fused split kernel) and in the fused grouped MLP,
+    none in BF16; more kernels never make the step faster."""
+    kw = dict(model="qwen3-30b-a3b", gpu="b200", n_gpus=8, ep=8, global_batch=64)
+    model, system, mx = _moe(catalog, precision="mxfp8", **kw)
+    assert float(moe.quantize_launches(model, mx)) == 16.0
+    assert float(moe.quantize_launches(model, replace(mx, fused_experts=mx.fused_experts * 0 + 1))) == 1.0
+    _, _, bf = _moe(catalog, precision="bf16", **kw)
+    assert float(moe.quantize_launches(model, bf)) == 0.0
+    _, _, fp4 = _moe(catalog, precision="nvfp4", **kw)
+    assert float(moe.quantize_launches(model, fp4)) == 1.0
+    one = float(
+        moe.block_elementwise_fwd_s(system.device, cal, model, replace(mx, fused_experts=mx.fused_experts * 0 + 1))
+    )
+    assert float(moe.block_elementwise_fwd_s(system.device, cal, model, mx)) > one
+
+
+def test_an_explicit_layout_gives_the_last_stage_the_heads_and_fewer_layers(catalog, cal):
+    """DeepSeek-V3 under Megatron-Bridge's layout Et*4|(t*4|)*14tmL (pp2 vp8): rank 0 holds 32
+    layers (three dense), rank 1 the other 30 (with the MTP layer) and both heads; the step runs at
+    the slower of the two, never slower than 32 MoE layers with both heads; without pipelining the
+    flag changes nothing."""
+    kw = dict(model="deepseek-v3", gpu="gb300", n_gpus=256, pp=2, vp=8, ep=32, global_batch=512)
+    model, system, plan = _moe(catalog, precision="mxfp8", **kw)
+    laid = replace(plan, pp_layout=plan.pp_layout * 0 + 1)
+    a, b = sim(model, system, plan, cal), sim(model, system, laid, cal)
+    assert int(b.infeasible) & ~64 == 0
+    assert float(b.compute_s) < float(a.compute_s)
+    m1, s1, p1 = _moe(catalog, "deepseek-v3", gpu="gb300", n_gpus=256, pp=1, ep=32, global_batch=512)
+    on = replace(p1, pp_layout=p1.pp_layout * 0 + 1)
+    assert float(sim(m1, s1, on, cal).step_time_s) == float(sim(m1, s1, p1, cal).step_time_s)

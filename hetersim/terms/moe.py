@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
-from ..types import Dispatcher
+from ..types import Dispatcher, Precision
 from ..units import GB, US
 from . import comm, compute
 from ._safe import safe_div
@@ -119,6 +119,21 @@ def sorts_by_expert(m: ModelSpec, plan: Plan):
     return jnp.where(many, 1.0, 0.0)
 
 
+def quantize_launches(m: ModelSpec, plan: Plan):
+    """Kernels that cast one expert GEMM operand (the first or second GEMM's input in the forward,
+    their output gradients in the backward) to FP8 over the local experts: Transformer Engine's
+    ``GroupedLinear`` splits the operand by expert and quantizes the splits one kernel each, the
+    fused multi-tensor kernel being for FP8 delayed scaling only ("Currently only have fused kernel
+    for FP8 delayed scaling", NVIDIA/TransformerEngine@d0067d0d
+    transformer_engine/pytorch/csrc/extensions/cast.cpp ``multi_tensor_quantize_impl``; MXFP8
+    and current-scaling FP8, the Megatron-Bridge recipes', take that path; NVFP4 has its fused
+    split kernel, ``FUSED_NVFP4``); one kernel in the fused grouped MLP (``tex.group_quantize``)
+    and none in 16-bit runs."""
+    per_expert = compute.low_precision(plan) & (plan.precision_code != Precision.NVFP4) & ~(plan.fused_experts > 0)
+    n = jnp.where(per_expert, jnp.maximum(local_experts(m, plan), 1.0), 1.0)
+    return jnp.where(compute.low_precision(plan), n, 0.0)
+
+
 def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
     """Router, permutation (and the alltoall dispatcher's sorts by local expert), the experts'
     activation function and FP8 casts of their inputs, and the shared experts' activation
@@ -135,6 +150,9 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
     sort_bytes = sort * 2.0 * 2.0 * e * h * local * m.top_k * plan.moe_imbalance
     kernels = ROUTER_KERNELS + PERMUTE_KERNELS + 2.0 + jnp.where(m.shared_ffn_hidden > 0, 1.0, 0.0)
     kernels = kernels + sort * SORT_KERNELS
+    # The two operands' FP8 casts beyond one kernel each (the backward, twice this block, casts
+    # the two output gradients the same way).
+    kernels = kernels + 2.0 * jnp.maximum(quantize_launches(m, plan) - 1.0, 0.0)
     return compute.stream_s(dev, cal, router + permute + act + shared + fp8 + sort_bytes, kernels)
 
 
