@@ -247,9 +247,9 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 24.9% (README "Mixture of experts"; 20.5% over the 137 rows that run, the 8 that do
-# not counting 100% each): a bound against regressions, far from the issue's 12% target.
-MOE_MAPE_BOUND = 25.5
+# Today's 17.5% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
+# against regressions, short of the issue's 12% target.
+MOE_MAPE_BOUND = 18.0
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
@@ -345,7 +345,7 @@ def test_an_mla_row_with_assumed_recompute_tries_the_mla_up_proj_module_before_f
     default selective modules, selective with mla_up_proj (stores less), then full."""
     from hetersim.fit.runs import candidates, read_runs, row_inputs
 
-    row = next(r for r in read_runs(MOE_RUNS) if r.id.startswith("mb059-deepseek-v3"))
+    row = next(r for r in read_runs(MOE_RUNS) if r.id.startswith("mb058-deepseek-v3"))
     assert "recompute" in row.fields["assumed"]
     got = [(c["recompute"], bool(c.get("mla_up_proj"))) for c in candidates(row, row_inputs(row, catalog))]
     assert got[:4] == [("none", False), ("selective", False), ("selective", True), ("full", False)]
