@@ -454,6 +454,12 @@ def test_fp8_expert_operands_are_cast_one_kernel_per_expert_unless_fused(catalog
     assert float(moe.quantize_launches(model, bf)) == 0.0
     _, _, fp4 = _moe(catalog, precision="nvfp4", **kw)
     assert float(moe.quantize_launches(model, fp4)) == 1.0
+    # FP8 (current scaling): amax, scale and cast, three kernels a split; the block-scaled one.
+    _, _, f8 = _moe(catalog, precision="fp8", **kw)
+    assert float(moe.cast_kernels(f8)) == 3.0 and float(moe.cast_kernels(mx)) == 1.0
+    assert float(moe.block_elementwise_fwd_s(system.device, cal, model, f8)) > float(
+        moe.block_elementwise_fwd_s(system.device, cal, model, mx)
+    )
     one = float(
         moe.block_elementwise_fwd_s(system.device, cal, model, replace(mx, fused_experts=mx.fused_experts * 0 + 1))
     )

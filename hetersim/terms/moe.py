@@ -128,10 +128,24 @@ def quantize_launches(m: ModelSpec, plan: Plan):
     transformer_engine/pytorch/csrc/extensions/cast.cpp ``multi_tensor_quantize_impl``; MXFP8
     and current-scaling FP8, the Megatron-Bridge recipes', take that path; NVFP4 has its fused
     split kernel, ``FUSED_NVFP4``); one kernel in the fused grouped MLP (``tex.group_quantize``)
-    and none in 16-bit runs."""
+    and none in 16-bit runs. ``fp8`` is taken as current scaling, the Megatron-Bridge performance
+    recipes' ``fp8_cs`` (under delayed scaling Transformer Engine would fuse the casts: one kernel)."""
     per_expert = compute.low_precision(plan) & (plan.precision_code != Precision.NVFP4) & ~(plan.fused_experts > 0)
     n = jnp.where(per_expert, jnp.maximum(local_experts(m, plan), 1.0), 1.0)
     return jnp.where(compute.low_precision(plan), n, 0.0)
+
+
+# FP8 with current scaling casts a tensor in three kernels, its amax, the scale from it and the
+# cast, reading the tensor twice (NVIDIA/TransformerEngine@d0067d0d
+# transformer_engine/pytorch/csrc/quantizer.cpp ``Float8CurrentScalingQuantizer::quantize_impl``:
+# ``nvte_compute_amax_with_config``, ``nvte_compute_scale_from_amax``, ``nvte_quantize_v2``); the
+# block-scaled formats compute their scales inside the one cast kernel.
+CURRENT_SCALING_KERNELS = 3.0
+
+
+def cast_kernels(plan: Plan):
+    """Kernels of one cast of an expert operand split: 3 in FP8 (current scaling), else 1."""
+    return jnp.where(plan.precision_code == Precision.FP8, CURRENT_SCALING_KERNELS, 1.0)
 
 
 def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
@@ -146,13 +160,14 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
     act = e * routed * compute.act_fn_bytes(m, plan) * f
     shared = e * compute.tokens(plan) * compute.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
     fp8 = jnp.where(compute.low_precision(plan), 3.0 * routed * (h + f), 0.0)
+    fp8 = fp8 + jnp.where(plan.precision_code == Precision.FP8, 2.0 * routed * (h + f), 0.0)  # the amax pass
     sort = sorts_by_expert(m, plan)
     sort_bytes = sort * 2.0 * 2.0 * e * h * local * m.top_k * plan.moe_imbalance
     kernels = ROUTER_KERNELS + PERMUTE_KERNELS + 2.0 + jnp.where(m.shared_ffn_hidden > 0, 1.0, 0.0)
     kernels = kernels + sort * SORT_KERNELS
     # The two operands' FP8 casts beyond one kernel each (the backward, twice this block, casts
     # the two output gradients the same way).
-    kernels = kernels + 2.0 * jnp.maximum(quantize_launches(m, plan) - 1.0, 0.0)
+    kernels = kernels + 2.0 * (quantize_launches(m, plan) * cast_kernels(plan) - 1.0) * compute.low_precision(plan)
     return compute.stream_s(dev, cal, router + permute + act + shared + fp8 + sort_bytes, kernels)
 
 
