@@ -149,8 +149,8 @@ def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str,
     # only what the other pass's compute cannot cover.
     ep_pass = jnp.where(moe.is_moe(model), moe.ep_comm_s(net, model, plan), 0.0)
     overlap = plan.ep_overlap > 0
-    ep_f = jnp.where(overlap, pos(ep_pass - moe_b), ep_pass)
-    ep_b = jnp.where(overlap, pos(ep_pass - moe_f), ep_pass)
+    ep_f = jnp.where(overlap, moe.overlapped_ep_s(dev, plan, ep_pass, moe_b), ep_pass)
+    ep_b = jnp.where(overlap, moe.overlapped_ep_s(dev, plan, ep_pass, moe_f), ep_pass)
     moe_selective = attn_f + jnp.where(
         plan.attention_code != Attention.MATERIALIZED, moe.moe_act_fn_s(dev, cal, model, plan), 0.0
     )

@@ -229,13 +229,43 @@ def moe_layer_time(lc: LayerCosts) -> Any:
     return lc.moe_f + lc.moe_b + lc.moe_recomp + lc.moe_tp_f + lc.moe_tp_b + lc.cp_f + lc.cp_b + lc.ep_f + lc.ep_b
 
 
+def _layout_busiest(model: ModelSpec, plan: Plan, lc: LayerCosts, layers, p2p, head, t) -> dict[str, Any]:
+    """The busiest stage under an explicit pipeline layout (``pp_layout``): the Megatron-Bridge
+    layouts give every pipeline rank but the last ``layers`` layers (the first rank's first chunk
+    the embedding and the model's leading dense layers) and the last rank what is left, with the
+    multi-token-prediction layer and the loss: DeepSeek-V3's ``Et*4|(t*4|)*14tmL`` (pp2 vp8: rank 0
+    32 layers, 3 of them dense; rank 1 29 + MTP and both heads; pp16: 4 layers a rank, the last 1 +
+    MTP), ``Et*8|(t*8|)*6t*5mL`` for pp8 (NVIDIA-NeMo/Megatron-Bridge@5cb3444c43f7
+    src/megatron/bridge/recipes/deepseek/deepseek_v3.py ``set_deepseek_v3_pipeline_model_parallel_layout``
+    ``layout_map``; recipes/kimi/h100/kimi_k2.py ``_get_kimi_k2_pipeline_layout``, the same shapes
+    without MTP). The step runs at the slower of the first and the last
+    rank; without a layout the busiest holds ``layers`` MoE layers and the heads (``t``)."""
+    total = memory.stack_layers(model)
+    # pp > 2: a middle rank holds ``layers`` MoE layers; pp = 2: the first, with the dense ones.
+    first_moe = memory.first_stage_moe_layers(model, plan, layers)
+    first_moe = jnp.where(plan.pp > 2, memory.moe_stage_layers(model, layers), first_moe)
+    first = stage_times(lc, layers, p2p, 0.0, first_moe)
+    rest = jnp.clip(total - (plan.pp - 1.0) * layers, 1.0, layers)
+    last = stage_times(lc, rest, p2p, head, jnp.minimum(rest, memory.moe_stage_layers(model, rest)))
+
+    def busy(x):
+        return x["compute_s"] + x["recompute_s"] + x["tp_s"] + x["cp_s"] + x["ep_s"]
+
+    pick_first = busy(first) >= busy(last)
+    laid = {k: jnp.where(pick_first, first[k], last[k]) for k in t}
+    return {k: jnp.where((plan.pp_layout > 0) & (plan.pp > 1), laid[k], t[k]) for k in t}
+
+
 def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> PipelineStep:
     lc = layer_costs(model, system, plan, cal)
     layers = memory.busiest_stage_layers(model, plan)
     n_moe = memory.moe_stage_layers(model, layers)
     # Each multi-token-prediction module ends in one more LM head and loss (on the last stage).
     head = lc.head * (1.0 + model.mtp_layers)
-    t = stage_times(lc, layers, p2p_chunk_s(model, system, plan, cal), head, n_moe)
+    p2p = p2p_chunk_s(model, system, plan, cal)
+    t = stage_times(lc, layers, p2p, head, n_moe)
+    if model.extra is not None:  # an MoE model's explicit pipeline layout (static branch)
+        t = _layout_busiest(model, plan, lc, layers, p2p, head, t)
     # Fill and drain: every stage but the busiest runs once outside the steady state, divided
     # by the interleaving depth: (sum of stage times - the busiest) / vp. The busiest stage holds
     # ceil(L/(pp*vp))*vp layers and the LM head; the others share the remaining layers (the MoE

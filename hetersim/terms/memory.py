@@ -45,6 +45,27 @@ def moe_stage_layers(m: ModelSpec, layers):
     return jnp.minimum(jnp.ceil(layers / m.moe_every - 1e-6), m.moe_layers + mtp)
 
 
+def first_stage_moe_layers(m: ModelSpec, plan: Plan, layers):
+    """MoE layers among the first pipeline stage's ``layers`` (the stage that holds the most
+    micro-batches' activations): its share of the model's leading dense layers (DeepSeek-V3's
+    ``first_k_dense_replace`` = 3, Kimi-K2's 1) are not MoE layers. Megatron-Core gives model chunk
+    ``k`` of pipeline rank 0 the layers from ``k * pp * c`` on, ``c`` layers per chunk
+    (megatron/core/transformer/transformer_layer.py ``get_transformer_layer_offset`` @ d98e8a64dd;
+    the Megatron-Bridge DeepSeek-V3 layouts ``Et*4|(t*4|)*14tmL`` put the embedding and layers 0-3
+    first), so the leading dense layers fill rank 0's first chunks. Interleaved dense layers
+    (``moe_every`` > 1) keep :func:`moe_stage_layers`."""
+    busiest = moe_stage_layers(m, layers)
+    if m.extra is None:
+        return busiest
+    chunk = jnp.maximum(layers / plan.vp, 1.0)
+    leading = jnp.maximum(m.layers - m.moe_layers * m.moe_every, 0.0)
+    rounds = jnp.floor(leading / (plan.pp * chunk) + 1e-6)  # pipeline rounds wholly dense
+    rest = leading - rounds * plan.pp * chunk
+    dense_here = jnp.minimum(rounds, plan.vp) * chunk + jnp.where(rounds < plan.vp, jnp.minimum(rest, chunk), 0.0)
+    first = jnp.clip(layers - dense_here, 0.0, busiest)
+    return jnp.where(m.moe_every > 1.0, busiest, first)
+
+
 def local_params(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
     """Parameters on the busiest pipeline stage's tensor-parallel rank (or on a stage of
     ``layers`` layers holding ``vocab_mats`` vocabulary matrices) that are not routed experts
@@ -241,12 +262,14 @@ def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=No
     """Activations the first (or a given) stage holds: ``layers`` layers times the micro-batches
     in flight."""
     stored, working = layer_activation_bytes(m, plan)
+    first = layers is None  # the first stage: its MoE layers exclude the leading dense ones
     layers = busiest_stage_layers(m, plan) if layers is None else layers
     inflight = inflight_microbatches(plan, n_micro) if inflight is None else inflight
     moe_stored, moe_working = 0.0, 0.0
     if m.extra is not None:
         moe_stored, moe_working = moe_activation_delta(m, plan, moe.routed_tokens(m, plan), moe.local_tokens(plan))
-    kept = (stored * layers + moe_stored * moe_stage_layers(m, layers)) * inflight
+    n_moe = first_stage_moe_layers(m, plan, layers) if first else moe_stage_layers(m, layers)
+    kept = (stored * layers + moe_stored * n_moe) * inflight
     # Full recomputation rebuilds one layer's activations during its backward (an MoE layer's in
     # an MoE model).
     return kept + jnp.where(plan.recompute_code == Recompute.FULL, working + moe_working, 0.0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
-from ..types import Dispatcher
+from ..types import Dispatcher, Precision
 from ..units import GB, US
 from . import comm, compute
 from ._safe import safe_div
@@ -100,14 +100,58 @@ def shared_shapes(m: ModelSpec, plan: Plan):
 # * permutation: the fused permute reads a token and writes its ``top_k`` copies, the fused
 #   unpermute reads the copies and the probabilities and writes the token (``moe_permute_fusion``,
 #   Transformer Engine ``moe_permute``/``moe_unpermute``): 2 bytes x h x (1 + k) each, 2 kernels.
+# * sort by local expert: the alltoall dispatcher receives its token copies grouped by source rank
+#   and, with more than one local expert, sorts them by expert after the dispatch and back before
+#   the combine (Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
+#   ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` / ``combine_preprocess``:
+#   ``sort_chunks_by_idxs`` when ``num_local_experts > 1``, @ d98e8a64dd): each reads and writes
+#   every copy, 2 bytes x h x 2, one kernel each. The deepep (flex) dispatcher's permute after its
+#   dispatch writes them expert-major in one pass (the permutation above).
 ROUTER_BYTES_PER_EXPERT = 24.0
 ROUTER_KERNELS = 4.0
 PERMUTE_KERNELS = 2.0
+SORT_KERNELS = 2.0
+
+
+def sorts_by_expert(m: ModelSpec, plan: Plan):
+    """1 where the alltoall dispatcher sorts its received copies by local expert (and back)."""
+    many = (plan.ep > 1) & (local_experts(m, plan) > 1.0) & (plan.dispatcher_code != Dispatcher.DEEPEP)
+    return jnp.where(many, 1.0, 0.0)
+
+
+def quantize_launches(m: ModelSpec, plan: Plan):
+    """Kernels that cast one expert GEMM operand (the first or second GEMM's input in the forward,
+    their output gradients in the backward) to FP8 over the local experts: Transformer Engine's
+    ``GroupedLinear`` splits the operand by expert and quantizes the splits one kernel each, the
+    fused multi-tensor kernel being for FP8 delayed scaling only ("Currently only have fused kernel
+    for FP8 delayed scaling", NVIDIA/TransformerEngine@d0067d0d
+    transformer_engine/pytorch/csrc/extensions/cast.cpp ``multi_tensor_quantize_impl``; MXFP8
+    and current-scaling FP8, the Megatron-Bridge recipes', take that path; NVFP4 has its fused
+    split kernel, ``FUSED_NVFP4``); one kernel in the fused grouped MLP (``tex.group_quantize``)
+    and none in 16-bit runs. ``fp8`` is taken as current scaling, the Megatron-Bridge performance
+    recipes' ``fp8_cs`` (under delayed scaling Transformer Engine would fuse the casts: one kernel)."""
+    per_expert = compute.low_precision(plan) & (plan.precision_code != Precision.NVFP4) & ~(plan.fused_experts > 0)
+    n = jnp.where(per_expert, jnp.maximum(local_experts(m, plan), 1.0), 1.0)
+    return jnp.where(compute.low_precision(plan), n, 0.0)
+
+
+# FP8 with current scaling casts a tensor in three kernels, its amax, the scale from it and the
+# cast, reading the tensor twice (NVIDIA/TransformerEngine@d0067d0d
+# transformer_engine/pytorch/csrc/quantizer.cpp ``Float8CurrentScalingQuantizer::quantize_impl``:
+# ``nvte_compute_amax_with_config``, ``nvte_compute_scale_from_amax``, ``nvte_quantize_v2``); the
+# block-scaled formats compute their scales inside the one cast kernel.
+CURRENT_SCALING_KERNELS = 3.0
+
+
+def cast_kernels(plan: Plan):
+    """Kernels of one cast of an expert operand split: 3 in FP8 (current scaling), else 1."""
+    return jnp.where(plan.precision_code == Precision.FP8, CURRENT_SCALING_KERNELS, 1.0)
 
 
 def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
-    """Router, permutation, the experts' activation function and FP8 casts of their inputs, and
-    the shared experts' activation function, on the busiest rank."""
+    """Router, permutation (and the alltoall dispatcher's sorts by local expert), the experts'
+    activation function and FP8 casts of their inputs, and the shared experts' activation
+    function, on the busiest rank."""
     e = compute.act_bytes(plan) / 2.0
     local, routed = local_tokens(plan), routed_tokens(m, plan)
     h, f = m.hidden, m.moe_ffn_hidden / plan.etp
@@ -116,8 +160,15 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
     act = e * routed * compute.act_fn_bytes(m, plan) * f
     shared = e * compute.tokens(plan) * compute.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
     fp8 = jnp.where(compute.low_precision(plan), 3.0 * routed * (h + f), 0.0)
+    fp8 = fp8 + jnp.where(plan.precision_code == Precision.FP8, 2.0 * routed * (h + f), 0.0)  # the amax pass
+    sort = sorts_by_expert(m, plan)
+    sort_bytes = sort * 2.0 * 2.0 * e * h * local * m.top_k * plan.moe_imbalance
     kernels = ROUTER_KERNELS + PERMUTE_KERNELS + 2.0 + jnp.where(m.shared_ffn_hidden > 0, 1.0, 0.0)
-    return compute.stream_s(dev, cal, router + permute + act + shared + fp8, kernels)
+    kernels = kernels + sort * SORT_KERNELS
+    # The two operands' FP8 casts beyond one kernel each (the backward, twice this block, casts
+    # the two output gradients the same way).
+    kernels = kernels + 2.0 * (quantize_launches(m, plan) * cast_kernels(plan) - 1.0) * compute.low_precision(plan)
+    return compute.stream_s(dev, cal, router + permute + act + shared + fp8 + sort_bytes, kernels)
 
 
 def moe_act_fn_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
@@ -168,3 +219,30 @@ def ep_comm_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
     etp_bytes = dispatch_bytes(m, plan) * plan.etp
     etp = 2.0 * comm.all_gather_s(net, plan.etp, jnp.ones_like(plan.etp), etp_bytes)
     return jnp.where(plan.ep > 1, a2a, 0.0) + jnp.where(plan.etp > 1, etp, 0.0)
+
+
+# Streaming multiprocessors the flex dispatcher's dispatch and combine kernels hold while they run:
+# DeepEP's default, 20 (Megatron-LM megatron/core/transformer/transformer_config.py
+# ``moe_deepep_num_sms``, "historical default 20", @ d98e8a64dd; DeepSeek-V3 report arXiv
+# 2412.19437 §3.5.1: "20 out of the 132 SMs available in the H800 GPU" for its all-to-all).
+# Megatron-Bridge's performance scripts give HybridEP 32 (scripts/performance/utils/overrides.py
+# ``moe_hybridep_num_sms = 32`` @ v0.5.1 5cb3444c43f7); 20 is the lower of the two.
+DISPATCH_SMS = 20.0
+
+
+def comm_sm_share(dev: DeviceSpec, plan: Plan):
+    """Share of the SMs the deepep dispatcher's kernels take from the compute they overlap (its
+    kernels are persistent CUDA blocks, one per SM, that copy tokens over NVLink and RDMA); the
+    plain alltoall dispatcher's NCCL kernels are not counted (no sourced figure)."""
+    share = safe_div(DISPATCH_SMS, dev.sm_count, 0.0)
+    return jnp.where(plan.dispatcher_code == Dispatcher.DEEPEP, jnp.minimum(share, 0.5), 0.0)
+
+
+def overlapped_ep_s(dev: DeviceSpec, plan: Plan, ep_pass, compute_s):
+    """Exposed time of one pass's dispatch and combine hidden under ``compute_s`` of another
+    micro-batch's other pass (Megatron-Core's ``overlap_moe_expert_parallel_comm``): what the
+    compute cannot cover, plus the compute slowed while the dispatcher holds its SMs: over the
+    ``min(ep_pass, compute_s)`` they run together the compute has ``1 - share`` of the SMs, so it
+    takes ``share * min(ep_pass, compute_s)`` longer."""
+    share = comm_sm_share(dev, plan)
+    return jnp.maximum(ep_pass - compute_s, 0.0) + share * jnp.minimum(ep_pass, compute_s)
