@@ -113,6 +113,12 @@ class PlanField:
 
 # The MoE fields' names and help (kept here so that each field is one line of FIELDS).
 _EP_ALIAS = ("--expert-model-parallel-size",)
+_Z3P = (
+    "ZeRO-3 weight gathers overlap compute (FSDP prefetch, DeepSpeed >= 0.5); off: each gather waits "
+    "(DeepSpeed <= 0.4 synchronised the device before every parameter's all-gather, DeepSpeed PR 1188)."
+)
+_GR_NAME = "dtype of the gradients on the wire (auto: the stack's)"
+_GR_HELP = "Gradient reduction dtype: auto (the stack's), fp32 (DeepSpeed fp32_allreduce), model (16-bit)."
 _FRAG_NAME = "share of the caching allocator's reserved HBM lost to fragmentation"
 _FRAG_HELP = ("Allocator fragmentation: the share of reserved HBM that is free but unusable (0: none; 0.15 is GMLake's "
               "mean over eight LLMs on A100-80GB, Guo et al. ASPLOS'24).")  # fmt: skip
@@ -411,15 +417,9 @@ FIELDS: tuple[PlanField, ...] = (
     ),
     PlanField("fragmentation", "float", 0.0, _FRAG_NAME, "1", lo=0.0, hi=0.9, help=_FRAG_HELP),
     PlanField(
-        "grad_reduce",
-        "choice",
-        GradReduce.AUTO.label,
-        "dtype of the gradients on the wire (auto: the stack's)",
-        label="gr",
-        axis=True,
-        options=GradReduce,
-        help="Gradient reduction dtype: auto (the stack's), fp32 (DeepSpeed fp32_allreduce), model (16-bit).",
+        "zero3_prefetch", "bool", True, "ZeRO-3 gathers the next weights while the current ones compute", help=_Z3P
     ),
+    PlanField("grad_reduce", "choice", "auto", _GR_NAME, label="gr", axis=True, options=GradReduce, help=_GR_HELP),
 )
 BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}
 

@@ -332,7 +332,12 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     # Under full recomputation the recomputed forward gathers the weights again; a stack that
     # releases them after that use (DeepSpeed) gathers once more for the backward (zero3_regather).
     g = zero3_regather(model, plan)
-    z3_mb = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b) + (2.0 + g) * ag_lat + rs_lat
+    # Without prefetch (DeepSpeed <= 0.4: torch.cuda.synchronize() before each parameter's
+    # all-gather, partition_parameters.py @ 4601885 v0.3.12; "the async version is not async at
+    # all", DeepSpeed PR 1188) every gather waits: only the gradients' reduce-scatter still hides.
+    z3_pre = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b)
+    z3_wait = (2.0 + g) * ag_bw + pos(rs_bw - win_b)
+    z3_mb = jnp.where(plan.zero3_prefetch > 0, z3_pre, z3_wait) + (2.0 + g) * ag_lat + rs_lat
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_mb, dp_z12], dp_z0)
     dp = jnp.where((n_dp > 1) | (n_edp > 1), dp, 0.0)
     return dp + tied_embedding_sync_s(model, system, plan, vocab_mats)

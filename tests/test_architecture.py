@@ -204,6 +204,7 @@ fused_experts = false
 pp_layout = false
 fragmentation = 0.0
 grad_reduce = "auto"
+zero3_prefetch = true
 """
 
 

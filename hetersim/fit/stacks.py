@@ -19,7 +19,17 @@ from ..types import ATTENTION, STACK
 
 __all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
 
-_FIELDS = {"name", "match", "notes", "stack", "attention", "shards_over_cp", "zero3_reuse_Mparams", "sources"}
+_FIELDS = {
+    "name",
+    "match",
+    "notes",
+    "stack",
+    "attention",
+    "shards_over_cp",
+    "zero3_reuse_Mparams",
+    "zero3_prefetch",
+    "sources",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +42,7 @@ class Stack:
     attention: str | None = None
     shards_over_cp: bool = False
     zero3_reuse_Mparams: float = 0.0  # ZeRO-3 reuse distance (Plan.reuse_Mparams); 0: FSDP's behaviour
+    zero3_prefetch: bool = True  # ZeRO-3 gathers overlap compute (Plan.zero3_prefetch)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -64,6 +75,9 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
         reuse = entry.get("zero3_reuse_Mparams", 0.0)
         if isinstance(reuse, bool) or not isinstance(reuse, int | float) or not reuse >= 0:
             raise ValueError(f"{where}: zero3_reuse_Mparams must be a number >= 0; got {reuse!r}")
+        prefetch = entry.get("zero3_prefetch", True)
+        if not isinstance(prefetch, bool):
+            raise ValueError(f"{where}: zero3_prefetch must be true or false; got {prefetch!r}")
         out.append(
             Stack(
                 key=key,
@@ -74,6 +88,7 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
                 attention=attention,
                 shards_over_cp=shards,
                 zero3_reuse_Mparams=float(reuse),
+                zero3_prefetch=prefetch,
                 sources={str(k): str(v) for k, v in (entry.get("sources") or {}).items()},
             )
         )
