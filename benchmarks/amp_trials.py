@@ -1,0 +1,112 @@
+"""The model against AMP's measured heterogeneous trials: ``python benchmarks/amp_trials.py FILE``.
+
+AMP (Li et al., NeurIPS 2022) publishes the 53 real trials of its heterogeneous experiment in
+``src/results/het_cluster_results.txt`` of DachengLi1/AMP (commit 72eeea4): GPT-2 medium (24
+layers, hidden 1024, 16 heads, sequence 1024, vocabulary 52256, tied embeddings, fp16) on three
+p3.8xlarge nodes (4 V100-16GB each, NVLink, 10 Gbps between nodes) and one g4dn.12xlarge (4 T4,
+PCIe, 50 Gbps), global batch 32, ranks ordered tp, dp, pp (``amp_utils.axis2rank``), stage
+boundaries indexing AMP's 30-entry layer list ``[embed, noop, 24 x layer, noop, noop, head,
+noop]``. ``FILE`` is a copy of that file; nothing of it ships with HeterSim.
+
+This is a physics check, never a fitting target: it prints the step-time MAPE over the trials
+that ran, the Spearman rank correlation of predicted and measured step time (and AMP's own),
+the measured time of the plan the model ranks first against the best measured, and how many of
+the failed trials (``r_cost: inf``) the model flags. The devices and networks come from
+``tests/data/plans/kinds.toml`` (a user catalog file), the stack is ``deepspeed`` and gradients
+are reduced in fp32, as AMP's ``examples/ds_config.json`` sets (``fp32_allreduce``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIAL = re.compile(
+    r"Simulating result: None, \[([0-9, ]+)\], (\d+), \{'mp_deg': tensor\(\[(\d+)\.\]\), "
+    r"'dp_deg': tensor\(\[(\d+)\.\]\), 'pp_deg': tensor\(\[(\d+)\.\]\)\}, with p_cost: "
+    r"tensor\(\[([0-9.]+)\]\), r_cost: ([0-9.]+|inf)"
+)
+V100, T4 = "v100-16gb", "t4-16gb"
+FIRST_T4_RANK = 12  # nodes 0-2 are the p3.8xlarge nodes (src/het_cluster.py cluster_info)
+
+
+def trials(text: str) -> list[dict]:
+    out = []
+    for m in TRIAL.finditer(text):
+        bounds, mbs, tp, dp, pp, amp, real = m.groups()
+        out.append(
+            dict(
+                bounds=[int(x) for x in bounds.split(",")],
+                micro_batch=int(mbs),
+                tp=int(tp),
+                dp=int(dp),
+                pp=int(pp),
+                amp_s=float(amp),
+                measured_s=float(real),
+            )
+        )
+    return out
+
+
+def plan_of(t: dict, grad_reduce: str):
+    from hetersim import hplan
+
+    stages = []
+    for s in range(t["pp"]):
+        lo, hi = t["bounds"][s], t["bounds"][s + 1]
+        layers = sum(1 for e in range(lo, hi) if 2 <= e <= 25)  # entries 2..25 are the 24 layers
+        reps: dict[str, int] = {}
+        for r in range(t["dp"]):
+            kind = V100 if s * t["tp"] * t["dp"] + r * t["tp"] < FIRST_T4_RANK else T4
+            reps[kind] = reps.get(kind, 0) + 1
+        stages.append(hplan.Stage(layers, tuple(hplan.Replica(k, t["tp"], n) for k, n in reps.items())))
+    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack="deepspeed")
+    opts["grad_reduce"] = grad_reduce
+    return hplan.HeteroPlan((hplan.Pipeline(tuple(stages)),), "equal", opts, cluster=f"{V100}:12,{T4}:4")
+
+
+def spearman(a, b) -> float:
+    ra, rb = (np.argsort(np.argsort(x)).astype(float) for x in (a, b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="a copy of AMP's src/results/het_cluster_results.txt")
+    ap.add_argument("--grad-reduce", default="fp32", help="gradient reduction dtype (AMP's config: fp32)")
+    args = ap.parse_args()
+
+    from hetersim import api, build, hsim
+    from hetersim.catalog import load_catalog, model_from_dims
+
+    catalog = load_catalog([ROOT / "tests" / "data" / "plans" / "kinds.toml"])
+    dims = dict(layers=24, hidden=1024, heads=16, vocab=52256, mlp="plain", seq_len=1024, tied_embeddings=True)
+    model = build.model_spec(model_from_dims(**dims))
+    cal = api.default_calibration()
+    engine = api._compiled("plan")
+    rows = []
+    for t in trials(args.results.read_text(encoding="utf-8")):
+        hp = plan_of(t, args.grad_reduce)
+        hs = hsim.hetero_spec(hp, catalog, {V100: 12, T4: 4}, shape=(2, 16, 2), kinds=[V100, T4])
+        out = engine(model, hs, hsim.common_plan(hp, 1024), cal).total
+        rows.append(dict(t, predicted_s=float(out.step_time_s), flagged=int(out.infeasible) != 0))
+    ran = [r for r in rows if math.isfinite(r["measured_s"])]
+    failed = [r for r in rows if not math.isfinite(r["measured_s"])]
+    pred, meas = np.array([r["predicted_s"] for r in ran]), np.array([r["measured_s"] for r in ran])
+    first = min((r for r in ran if not r["flagged"]), key=lambda r: r["predicted_s"])
+    print(f"{len(rows)} trials, {len(ran)} ran, {len(failed)} failed")
+    print(
+        f"step-time MAPE {100 * np.mean(np.abs(pred - meas) / meas):.1f}% (median error {100 * np.median((pred - meas) / meas):+.1f}%)"
+    )
+    print(f"Spearman {spearman(pred, meas):.2f} (AMP's own model {spearman([r['amp_s'] for r in ran], meas):.2f})")
+    print(f"the model's first plan took {first['measured_s']:.2f} s; the best measured {meas.min():.2f} s")
+    print(f"failed trials flagged: {sum(r['flagged'] for r in failed)} of {len(failed)}")
+
+
+if __name__ == "__main__":
+    main()
