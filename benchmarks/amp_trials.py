@@ -100,9 +100,8 @@ def main() -> None:
     pred, meas = np.array([r["predicted_s"] for r in ran]), np.array([r["measured_s"] for r in ran])
     first = min((r for r in ran if not r["flagged"]), key=lambda r: r["predicted_s"])
     print(f"{len(rows)} trials, {len(ran)} ran, {len(failed)} failed")
-    print(
-        f"step-time MAPE {100 * np.mean(np.abs(pred - meas) / meas):.1f}% (median error {100 * np.median((pred - meas) / meas):+.1f}%)"
-    )
+    err = (pred - meas) / meas
+    print(f"step-time MAPE {100 * np.mean(np.abs(err)):.1f}% (median error {100 * np.median(err):+.1f}%)")
     print(f"Spearman {spearman(pred, meas):.2f} (AMP's own model {spearman([r['amp_s'] for r in ran], meas):.2f})")
     print(f"the model's first plan took {first['measured_s']:.2f} s; the best measured {meas.min():.2f} s")
     print(f"failed trials flagged: {sum(r['flagged'] for r in failed)} of {len(failed)}")
