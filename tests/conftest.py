@@ -9,10 +9,6 @@ import pytest
 # The command line keeps compiled programs in the user's cache folder (hetersim.compile_cache);
 # the suite writes nothing there (tests/test_compile_cache.py turns it on in temporary folders).
 os.environ["HETERSIM_CACHE_DIR"] = "off"
-# One JAX CPU device in this process and the commands it starts, however the tests are ordered
-# (``hetersim sweep``/``bench`` would otherwise make one per core: dse.sweep.evaluate.use_host_cores);
-# tests/test_sweep.py runs the split chunk in a subprocess of its own.
-os.environ.setdefault("HETERSIM_CPU_DEVICES", "1")
 
 from hetersim import build
 from hetersim.catalog import load_catalog

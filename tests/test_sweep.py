@@ -8,9 +8,6 @@ once for the whole module.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -19,7 +16,7 @@ import pytest
 import xarray as xr
 
 from dse import sweep
-from dse.bench import run_bench
+from dse.bench import bench_space, run_bench
 from dse.cli.sweep import sweep_command
 from dse.metrics import INTERVALS, METRICS, STEP_TERM_LABELS
 from dse.pareto import pareto_mask
@@ -481,78 +478,39 @@ def test_run_bench_reports_its_figures():
     assert result["peak_rss_MiB"] > 0
 
 
-# A random sample of the bench space's configurations: a chunk of evaluate_chunk (split over two
-# CPU devices in the subprocess test) against jax.vmap(simulate) over specs built from names.
-EQUAL_TO_PLAIN_VMAP = """
-import json, sys
-import jax, numpy as np
-from dse.bench import bench_space
-from dse.metrics import METRICS
-from dse.sweep import evaluate as ev
-from hetersim import build
-from hetersim.fit.calibration import load_calibration
-from hetersim.simulate import simulate
-
-n_devices = ev.use_host_cores()
-chunk, n_configs = int(sys.argv[1]), int(sys.argv[2])
-space = bench_space(n_configs)
-cal = build.calibration_spec(load_calibration())
-tables = space.tables()
-plain = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))
-rng = np.random.default_rng(1)
-worst = 0.0
-for start in (0, (space.size // chunk) * chunk):  # the first chunk and the padded last one
-    out = ev.evaluate_chunk(np.int32(start), tables, cal, chunk=chunk, kinds=space.kinds)
-    n = min(chunk, space.size - start)
-    pick = np.unique(np.r_[rng.choice(n, 40, replace=False), 0, n - 1])
-    specs = [space.specs(start + int(i)) for i in pick]
-    ref = plain(*jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *specs), cal)
-    for name in METRICS:
-        got, want = np.asarray(out[name])[pick], np.asarray(getattr(ref, name))
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=name)
-        both = (want != 0) & np.isfinite(want)
-        worst = max(worst, float(np.max(np.abs(got[both] / want[both] - 1.0), initial=0.0)))
-    assert np.array_equal(np.asarray(out["feasible"])[pick], (np.asarray(ref.infeasible) == 0).astype(np.int8))
-mesh = ev.chunk_mesh(chunk)
-split = 0 if mesh is None else mesh.size
-print(json.dumps({"devices": jax.device_count(), "asked": n_devices, "split": split, "worst": worst}))
-"""
+def test_chunk_equals_plain_vmap_of_simulate(cal):
+    """The sweep's compiled chunk (XLA options of dse.sweep.evaluate.compiler_options included)
+    gives the numbers of plain ``jax.vmap(simulate)`` over specs built from names, on a random
+    sample of the bench space's configurations, in the first chunk and the padded last one."""
+    space = bench_space(5000)
+    tables = space.tables()
+    plain = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))
+    rng = np.random.default_rng(1)
+    chunk = 1024
+    for start in (0, (space.size // chunk) * chunk):
+        out = sweep.evaluate_chunk(np.int32(start), tables, cal, chunk=chunk, kinds=space.kinds)
+        n = min(chunk, space.size - start)
+        pick = np.unique(np.r_[rng.choice(n, 40, replace=False), 0, n - 1])
+        specs = [space.specs(start + int(i)) for i in pick]
+        ref = plain(*jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *specs), cal)
+        for name in METRICS:
+            got = np.asarray(out[name])[pick]
+            np.testing.assert_allclose(got, np.asarray(getattr(ref, name)), rtol=1e-6, atol=0, err_msg=name)
+        feasible = (np.asarray(ref.infeasible) == 0).astype(np.int8)
+        assert np.array_equal(np.asarray(out["feasible"])[pick], feasible)
 
 
-def test_chunk_equals_plain_vmap_of_simulate():
-    """The sweep's compiled chunk gives the numbers of ``jax.vmap(simulate)`` (one device here)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", EQUAL_TO_PLAIN_VMAP, "1024", "5000"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HETERSIM_CPU_DEVICES": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.splitlines()[-1])
-    assert report["split"] == 0 and report["worst"] <= 1e-6
-
-
-def test_chunk_split_over_two_cpu_devices_equals_plain_vmap():
-    """With two CPU devices (``HETERSIM_CPU_DEVICES=2``, what ``hetersim sweep`` and ``bench`` set
-    up on a 2-core host) a chunk is split in two halves, with the numbers of ``jax.vmap(simulate)``."""
-    proc = subprocess.run(
-        [sys.executable, "-c", EQUAL_TO_PLAIN_VMAP, str(2 * sweep_evaluate.MIN_SHARD), "5000"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HETERSIM_CPU_DEVICES": "2"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.splitlines()[-1])
-    if report["devices"] < 2:
-        pytest.skip("this JAX has no jax_num_cpu_devices option")
-    assert report["split"] == 2 and report["worst"] <= 1e-6
-
-
-def test_use_host_cores_after_jax_started_changes_nothing():
-    jax.numpy.zeros(1).block_until_ready()  # JAX has started in this process
-    before = jax.device_count()
-    assert sweep_evaluate.use_host_cores({"HETERSIM_CPU_DEVICES": "3"}) == 1
-    assert jax.device_count() == before
+def test_chunk_compiler_options_are_kept_or_dropped_whole():
+    """All of CPU_COMPILER_OPTIONS or none (a JAX or XLA without them); where kept, a max over a
+    small axis compiles without a YNNPACK fusion, and to the same numbers."""
+    options = sweep_evaluate.compiler_options()
+    assert options in ({}, sweep_evaluate.CPU_COMPILER_OPTIONS)
+    x = np.random.default_rng(0).random((1024, 4), np.float32)
+    fn = lambda v: jax.numpy.max(v * 2.0, axis=1)  # noqa: E731
+    compiled = sweep_evaluate.jit(fn).lower(x).compile()
+    if options:
+        assert "ynn" not in compiled.as_text().lower()
+    assert np.array_equal(np.asarray(compiled(x)), np.asarray(jax.jit(fn)(x)))
 
 
 def test_cli_chunk_default_matches_the_engine():

@@ -41,10 +41,7 @@ def sweep_command(
     print its size, feasible count, wall time and the best configuration per objective.
     ``stream``/``top_k``: see :func:`dse.sweep.run_sweep` (None: its defaults)."""
     from dse.sweep import DEFAULT_TOP_K, run_sweep, summarize
-    from dse.sweep.evaluate import use_host_cores
     from dse.sweep.run import SweepInterrupted
-
-    use_host_cores()  # before JAX runs anything: a chunk is split over the host's cores
 
     t0 = time.perf_counter()
     interrupt.note("the chunks finished so far are kept; run the same command again to resume")
@@ -147,9 +144,6 @@ def bench_command(
     FLOPs and bytes per configuration); the figures as JSON on stdout (``as_json``) and/or in the
     file ``json_path``. ``chunks``: one row per chunk size instead, each in its own process."""
     from dse.bench import device_name, run_bench, run_chunks
-    from dse.sweep.evaluate import use_host_cores
-
-    use_host_cores()  # before JAX runs anything, as in a sweep
 
     if chunks:
         result: dict[str, Any] = {"device": device_name(), "n_configs": configs}

@@ -10,17 +10,13 @@ of :mod:`dse.inner` picks a layout.
 A sweep chunk is evaluated by :func:`evaluate_chunk`: one ``jax.jit`` of (decode
 ``start + arange(chunk)`` into per-factor rows with ``jnp`` gathers, build the batched specs,
 simulate, check), compiled once per study shape and reused for every chunk, locally or on Dask
-workers (:func:`chunk_task`). Where the process has several devices of the default backend (on a
-CPU: one per host core, :func:`use_host_cores`), the chunk is split evenly across them with
-``shard_map``, each device evaluating its consecutive slice of the same indices (the numbers are
-those of one device: every configuration is computed alone).
+workers (:func:`chunk_task`), with :func:`compiler_options`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -39,8 +35,6 @@ from hetersim.specs import Calibration
 CLASS_NAMES = ("meets constraints", "violates a constraint", "does not run", "does not divide")
 
 _TRACES = 0
-MIN_SHARD = 1024  # fewest configurations per device worth splitting a chunk for
-AXIS = "configs"  # the mesh axis a chunk is split along
 
 
 def trace_count() -> int:
@@ -124,69 +118,61 @@ def specs_of(col: Mapping[str, Any], tables: Mapping[str, Any]) -> tuple[Any, An
     return model, system, columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
 
 
-def use_host_cores(environ: Mapping[str, str] | None = None) -> int:
-    """Make each host core a JAX CPU device, so that :func:`evaluate_chunk` spreads a chunk over
-    them (XLA runs one chunk's kernels one after another, on one core); return the CPU devices
-    asked for. ``HETERSIM_CPU_DEVICES`` overrides the count (1: one device, as JAX has by default).
+# XLA's CPU backend hands some reductions to YNNPACK (a "ynn fusion", jaxlib 0.10); the one that
+# takes the largest bandwidth need over the memory tiers then makes XLA materialize its four
+# [chunk, N_TIERS] operands as fusions that each recompute, for every tier, the
+# per-configuration terms behind them (over half of a chunk's kernel time in a profile). Without
+# YNNPACK fusions the bench's chunk ran 1.38x faster (1.16 -> 1.60 M configurations/s, medians
+# of 4 interleaved rounds on the 2-core CPU) with the same outputs bit for bit.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
-    It only takes effect before JAX has run anything in this process (``hetersim sweep`` and
-    ``hetersim bench`` call it first) and where JAX has the ``jax_num_cpu_devices`` option; it is
-    a no-op otherwise. Only the CPU backend changes: the other computations still run on the
-    first device."""
-    env = os.environ if environ is None else environ
+
+@functools.cache
+def compiler_options() -> dict[str, Any]:
+    """The XLA options the chunk function compiles with: :data:`CPU_COMPILER_OPTIONS` on a CPU
+    backend whose XLA has them (a one-line program is compiled with them to find out; this
+    starts JAX), else none."""
+    if jax.default_backend() != "cpu":
+        return {}
     try:
-        n = int(env.get("HETERSIM_CPU_DEVICES", "") or len(os.sched_getaffinity(0)))
-    except (ValueError, AttributeError):  # a bad value; no sched_getaffinity (macOS)
-        n = os.cpu_count() or 1
-    n = max(1, n)
-    try:
-        jax.config.update("jax_num_cpu_devices", n)
-    except (AttributeError, RuntimeError, ValueError):  # an older JAX, or JAX has started already
-        return 1
-    return n
+        jax.jit(lambda x: x + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(np.float32(0)).compile()
+    except Exception:  # noqa: BLE001 - an older JAX (no compiler_options) or XLA (no such option)
+        return {}
+    return dict(CPU_COMPILER_OPTIONS)
 
 
-def chunk_mesh(chunk: int) -> Any | None:
-    """The mesh a chunk of ``chunk`` configurations is split over: every local device of the
-    default backend, when there are several and each gets an equal share of at least
-    :data:`MIN_SHARD`; else None (one device)."""
-    devices = jax.local_devices()
-    n = len(devices)
-    if n < 2 or chunk % n or chunk // n < MIN_SHARD:
-        return None
-    return jax.sharding.Mesh(np.asarray(devices), (AXIS,))
+def jit(fn: Any, **kwargs: Any) -> Any:
+    """``jax.jit(fn, **kwargs)`` with :func:`compiler_options` (the chunk function and the stages
+    ``hetersim bench --split`` times)."""
+    options = compiler_options()
+    return jax.jit(fn, **kwargs, **({"compiler_options": options} if options else {}))
 
 
-def _shard_map(fn: Any, mesh: Any, in_specs: Any, out_specs: Any) -> Any:
-    """``jax.shard_map`` (newer JAX), else ``jax.experimental.shard_map.shard_map`` (the floor)."""
-    sm = getattr(jax, "shard_map", None)
-    if sm is None:
-        from jax.experimental.shard_map import shard_map as sm
-    return sm(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+class _ChunkFunction:
+    """:func:`evaluate_chunk`: the jitted function is made at its first call or ``lower``, since
+    :func:`compiler_options` compiles (importing this module must not: the command line sets up
+    the compilation cache first, :func:`hetersim.compile_cache.enable`)."""
+
+    @functools.cached_property
+    def jitted(self) -> Any:
+        return jit(_evaluate_chunk, static_argnames=("chunk", "kinds"))
+
+    def __call__(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
+        return self.jitted(start, tables, cal, chunk=chunk, kinds=kinds)
+
+    def lower(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
+        return self.jitted.lower(start, tables, cal, chunk=chunk, kinds=kinds)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "kinds"))
-def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
+evaluate_chunk = _ChunkFunction()
+
+
+def _evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
     """Metrics of configurations ``start .. start+chunk-1`` (indices past the end repeat the
     last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``.
-    Split over the devices of :func:`chunk_mesh`, if any."""
+    Compiled once per shape (``jax.jit``, with :func:`compiler_options`)."""
     global _TRACES
     _TRACES += 1  # runs at trace time only: counts compilations
-    mesh = chunk_mesh(chunk)
-    if mesh is None:
-        return _evaluate(start, tables, cal, chunk=chunk, kinds=kinds)
-    share = chunk // mesh.size
-    P = jax.sharding.PartitionSpec
-
-    def part(start, tables, cal):
-        first = start + jax.lax.axis_index(AXIS).astype(jnp.int32) * share
-        return _evaluate(first, tables, cal, chunk=share, kinds=kinds)
-
-    return _shard_map(part, mesh, in_specs=(P(), P(), P()), out_specs=P(AXIS))(start, tables, cal)
-
-
-def _evaluate(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
-    """:func:`evaluate_chunk` on one device."""
     col = decode_columns(start, tables, chunk=chunk)
     model, system, plan = specs_of(col, tables)
     out = simulate_batch(model, system, plan, cal)
