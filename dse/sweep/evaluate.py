@@ -121,9 +121,9 @@ def specs_of(col: Mapping[str, Any], tables: Mapping[str, Any]) -> tuple[Any, An
 # XLA's CPU backend hands some reductions to YNNPACK (a "ynn fusion", jaxlib 0.10); the one that
 # takes the largest bandwidth need over the memory tiers then makes XLA materialize its four
 # [chunk, N_TIERS] operands as fusions that each recompute, for every tier, the
-# per-configuration terms behind them (over half of a chunk's kernel time in a profile). Without
-# YNNPACK fusions the bench's chunk ran 1.38x faster (1.16 -> 1.60 M configurations/s, medians
-# of 4 interleaved rounds on the 2-core CPU) with the same outputs bit for bit.
+# per-configuration terms behind them (a third or more of a chunk's kernel time in a profile).
+# Without YNNPACK fusions the bench's chunk ran 1.3-1.4x faster (1.16 -> 1.60 M configurations/s,
+# medians of 4 interleaved rounds on the 2-core CPU) with the same outputs bit for bit.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
