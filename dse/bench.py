@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dse.sweep.evaluate import chunk_outputs, decode_columns, evaluate_chunk, simulate_batch, specs_of
+from dse.sweep.evaluate import chunk_outputs, decode_columns, evaluate_chunk, jit, simulate_batch, specs_of
 from dse.sweep.space import DEFAULT_CHUNK, Space, layout_rows
 from hetersim import build, compile_cache, planfields
 from hetersim.catalog import load_catalog
@@ -209,10 +209,10 @@ def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -
     """Seconds per chunk (best of ``reps``) of the four stages of :func:`evaluate_chunk`, each
     compiled apart and fed the previous stage's output (:data:`SPLIT_NOTE`)."""
     start = np.int32(0)
-    decode = jax.jit(decode_columns, static_argnames=("chunk",))
-    gather = jax.jit(specs_of)
-    model = jax.jit(simulate_batch)
-    reduce = jax.jit(chunk_outputs, static_argnames=("kinds",))
+    decode = jit(decode_columns, static_argnames=("chunk",))
+    gather = jit(specs_of)
+    model = jit(simulate_batch)
+    reduce = jit(chunk_outputs, static_argnames=("kinds",))
     with compile_cache.bypass():
         col = decode(start, tables, chunk=chunk)
         specs = gather(col, tables)

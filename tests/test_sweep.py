@@ -16,11 +16,12 @@ import pytest
 import xarray as xr
 
 from dse import sweep
-from dse.bench import run_bench
+from dse.bench import bench_space, run_bench
 from dse.cli.sweep import sweep_command
 from dse.metrics import INTERVALS, METRICS, STEP_TERM_LABELS
 from dse.pareto import pareto_mask
 from dse.study import DEFAULT_STUDY, load_study, parse_study
+from dse.sweep import evaluate as sweep_evaluate
 from dse.sweep import run as sweep_run
 from dse.sweep import stream as sweep_stream
 from hetersim import build
@@ -475,6 +476,41 @@ def test_run_bench_reports_its_figures():
     assert result["n_configs"] == 3000
     assert result["configs_per_s"] > 0 and result["one_at_a_time_configs_per_s"] > 0
     assert result["peak_rss_MiB"] > 0
+
+
+def test_chunk_equals_plain_vmap_of_simulate(cal):
+    """The sweep's compiled chunk (XLA options of dse.sweep.evaluate.compiler_options included)
+    gives the numbers of plain ``jax.vmap(simulate)`` over specs built from names, on a random
+    sample of the bench space's configurations, in the first chunk and the padded last one."""
+    space = bench_space(5000)
+    tables = space.tables()
+    plain = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))
+    rng = np.random.default_rng(1)
+    chunk = 1024
+    for start in (0, (space.size // chunk) * chunk):
+        out = sweep.evaluate_chunk(np.int32(start), tables, cal, chunk=chunk, kinds=space.kinds)
+        n = min(chunk, space.size - start)
+        pick = np.unique(np.r_[rng.choice(n, 40, replace=False), 0, n - 1])
+        specs = [space.specs(start + int(i)) for i in pick]
+        ref = plain(*jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *specs), cal)
+        for name in METRICS:
+            got = np.asarray(out[name])[pick]
+            np.testing.assert_allclose(got, np.asarray(getattr(ref, name)), rtol=1e-6, atol=0, err_msg=name)
+        feasible = (np.asarray(ref.infeasible) == 0).astype(np.int8)
+        assert np.array_equal(np.asarray(out["feasible"])[pick], feasible)
+
+
+def test_chunk_compiler_options_are_kept_or_dropped_whole():
+    """All of CPU_COMPILER_OPTIONS or none (a JAX or XLA without them); where kept, a max over a
+    small axis compiles without a YNNPACK fusion, and to the same numbers."""
+    options = sweep_evaluate.compiler_options()
+    assert options in ({}, sweep_evaluate.CPU_COMPILER_OPTIONS)
+    x = np.random.default_rng(0).random((1024, 4), np.float32)
+    fn = lambda v: jax.numpy.max(v * 2.0, axis=1)  # noqa: E731
+    compiled = sweep_evaluate.jit(fn).lower(x).compile()
+    if options:
+        assert "ynn" not in compiled.as_text().lower()
+    assert np.array_equal(np.asarray(compiled(x)), np.asarray(jax.jit(fn)(x)))
 
 
 def test_cli_chunk_default_matches_the_engine():

@@ -10,7 +10,7 @@ of :mod:`dse.inner` picks a layout.
 A sweep chunk is evaluated by :func:`evaluate_chunk`: one ``jax.jit`` of (decode
 ``start + arange(chunk)`` into per-factor rows with ``jnp`` gathers, build the batched specs,
 simulate, check), compiled once per study shape and reused for every chunk, locally or on Dask
-workers (:func:`chunk_task`).
+workers (:func:`chunk_task`), with :func:`compiler_options`.
 """
 
 from __future__ import annotations
@@ -118,10 +118,59 @@ def specs_of(col: Mapping[str, Any], tables: Mapping[str, Any]) -> tuple[Any, An
     return model, system, columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "kinds"))
-def evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
+# XLA's CPU backend hands some reductions to YNNPACK (a "ynn fusion", jaxlib 0.10); the one that
+# takes the largest bandwidth need over the memory tiers then makes XLA materialize its four
+# [chunk, N_TIERS] operands as fusions that each recompute, for every tier, the
+# per-configuration terms behind them (a third or more of a chunk's kernel time in a profile).
+# Without YNNPACK fusions the bench's chunk ran 1.3-1.4x faster (1.16 -> 1.60 M configurations/s,
+# medians of 4 interleaved rounds on the 2-core CPU) with the same outputs bit for bit.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@functools.cache
+def compiler_options() -> dict[str, Any]:
+    """The XLA options the chunk function compiles with: :data:`CPU_COMPILER_OPTIONS` on a CPU
+    backend whose XLA has them (a one-line program is compiled with them to find out; this
+    starts JAX), else none."""
+    if jax.default_backend() != "cpu":
+        return {}
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(np.float32(0)).compile()
+    except Exception:  # noqa: BLE001 - an older JAX (no compiler_options) or XLA (no such option)
+        return {}
+    return dict(CPU_COMPILER_OPTIONS)
+
+
+def jit(fn: Any, **kwargs: Any) -> Any:
+    """``jax.jit(fn, **kwargs)`` with :func:`compiler_options` (the chunk function and the stages
+    ``hetersim bench --split`` times)."""
+    options = compiler_options()
+    return jax.jit(fn, **kwargs, **({"compiler_options": options} if options else {}))
+
+
+class _ChunkFunction:
+    """:func:`evaluate_chunk`: the jitted function is made at its first call or ``lower``, since
+    :func:`compiler_options` compiles (importing this module must not: the command line sets up
+    the compilation cache first, :func:`hetersim.compile_cache.enable`)."""
+
+    @functools.cached_property
+    def jitted(self) -> Any:
+        return jit(_evaluate_chunk, static_argnames=("chunk", "kinds"))
+
+    def __call__(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
+        return self.jitted(start, tables, cal, chunk=chunk, kinds=kinds)
+
+    def lower(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
+        return self.jitted.lower(start, tables, cal, chunk=chunk, kinds=kinds)
+
+
+evaluate_chunk = _ChunkFunction()
+
+
+def _evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> dict[str, Any]:
     """Metrics of configurations ``start .. start+chunk-1`` (indices past the end repeat the
-    last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``."""
+    last configuration; the caller trims them). ``kinds`` are the constraints' ``(metric, sense)``.
+    Compiled once per shape (``jax.jit``, with :func:`compiler_options`)."""
     global _TRACES
     _TRACES += 1  # runs at trace time only: counts compilations
     col = decode_columns(start, tables, chunk=chunk)
