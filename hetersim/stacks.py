@@ -24,9 +24,7 @@ from .types import Attention, Loss, Stack
 __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
 
 ELEMENTWISE = ("fused", "eager")
-# The true/false facts, each a field of Profile and a 0/1 array of StackTable.
-_SWITCHES = ("tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring")
-_FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
+_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring")
 _KEYS = {"name", "sources", *_FACTS}
 
 
@@ -100,7 +98,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
     unsourced = [k for k in _FACTS if not str(sources.get(k, "")).strip()]
     if unsourced:
         raise ValueError(f"{where}: sources.{unsourced[0]} is missing; every fact names its source")
-    for k in _SWITCHES:
+    for k in ("tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring"):
         if not isinstance(entry[k], bool):
             raise ValueError(f"{where}: {k} must be true or false; got {entry[k]!r}")
     fused = tuple(n for n in Attention.names() if n != Attention.AUTO.label)
@@ -110,7 +108,10 @@ def _profile(path: Path, key: str, entry) -> Profile:
         attention=_choice(where, "attention", entry["attention"], fused),
         loss=_choice(where, "loss", entry["loss"], tuple(n for n in Loss.names() if n != Loss.AUTO.label)),
         elementwise=_choice(where, "elementwise", entry["elementwise"], ELEMENTWISE),
-        **{k: entry[k] for k in _SWITCHES},
+        tp_comm_overlap=entry["tp_comm_overlap"],
+        p2p_overlap=entry["p2p_overlap"],
+        dp_overlap=entry["dp_overlap"],
+        cp_torch_ring=entry["cp_torch_ring"],
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -147,5 +148,8 @@ def table() -> StackTable:
         attention=np.array([Attention.parse(p.attention, "attention").value for p in rows], np.int32),
         loss=np.array([Loss.parse(p.loss, "loss").value for p in rows], np.int32),
         eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
-        **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},
+        tp_comm_overlap=np.array([float(p.tp_comm_overlap) for p in rows], np.float32),
+        p2p_overlap=np.array([float(p.p2p_overlap) for p in rows], np.float32),
+        dp_overlap=np.array([float(p.dp_overlap) for p in rows], np.float32),
+        cp_torch_ring=np.array([float(p.cp_torch_ring) for p in rows], np.float32),
     )
