@@ -24,7 +24,9 @@ from .types import Attention, Loss, Stack
 __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
 
 ELEMENTWISE = ("fused", "eager")
-_FACTS = ("attention", "loss", "elementwise", "tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring")
+# The true/false facts, each a field of Profile and a 0/1 array of StackTable.
+_SWITCHES = ("tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring")
+_FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
 
 
@@ -98,7 +100,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
     unsourced = [k for k in _FACTS if not str(sources.get(k, "")).strip()]
     if unsourced:
         raise ValueError(f"{where}: sources.{unsourced[0]} is missing; every fact names its source")
-    for k in ("tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring"):
+    for k in _SWITCHES:
         if not isinstance(entry[k], bool):
             raise ValueError(f"{where}: {k} must be true or false; got {entry[k]!r}")
     fused = tuple(n for n in Attention.names() if n != Attention.AUTO.label)
@@ -108,10 +110,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
         attention=_choice(where, "attention", entry["attention"], fused),
         loss=_choice(where, "loss", entry["loss"], tuple(n for n in Loss.names() if n != Loss.AUTO.label)),
         elementwise=_choice(where, "elementwise", entry["elementwise"], ELEMENTWISE),
-        tp_comm_overlap=entry["tp_comm_overlap"],
-        p2p_overlap=entry["p2p_overlap"],
-        dp_overlap=entry["dp_overlap"],
-        cp_torch_ring=entry["cp_torch_ring"],
+        **{k: entry[k] for k in _SWITCHES},
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -148,8 +147,5 @@ def table() -> StackTable:
         attention=np.array([Attention.parse(p.attention, "attention").value for p in rows], np.int32),
         loss=np.array([Loss.parse(p.loss, "loss").value for p in rows], np.int32),
         eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
-        tp_comm_overlap=np.array([float(p.tp_comm_overlap) for p in rows], np.float32),
-        p2p_overlap=np.array([float(p.p2p_overlap) for p in rows], np.float32),
-        dp_overlap=np.array([float(p.dp_overlap) for p in rows], np.float32),
-        cp_torch_ring=np.array([float(p.cp_torch_ring) for p in rows], np.float32),
+        **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},
     )
