@@ -128,11 +128,17 @@ def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0
     )
 
 
+def inner_domains_at_most(net: NetworkSpec, gpus) -> NetworkSpec:
+    """``net`` with every inner level's domain at most ``gpus`` GPUs (broadcast over leading axes)."""
+    inner = jnp.arange(N_LEVELS) < N_LEVELS - 1
+    capped = jnp.minimum(net.domain_gpus, jnp.asarray(gpus)[..., None])
+    return dataclasses.replace(net, domain_gpus=jnp.where(inner, capped, net.domain_gpus))
+
+
 def between_kinds(net: NetworkSpec) -> NetworkSpec:
     """``net`` (a :func:`cross_network`) for traffic from one kind to another: every inner level
     one GPU wide, so a point-to-point send crosses the outermost."""
-    inner = jnp.arange(net.domain_gpus.shape[-1]) < N_LEVELS - 1
-    return dataclasses.replace(net, domain_gpus=jnp.where(inner, 1.0, net.domain_gpus))
+    return inner_domains_at_most(net, 1.0)
 
 
 def _kinds_onehot(hs: HeteroSpec, present):
@@ -166,9 +172,7 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     sums = jnp.max(jnp.where(st.on, group_sum, 0.0), axis=2)  # slowest replica of each group
     bubble = jnp.where(st.depth > 1, (jnp.sum(jnp.where(st.s_on, sums, 0.0), axis=1) - lat_star) / plan.vp, 0.0)
     n_dp, cross_dp, node_cap = _dp_groups(model, hs, st, split)
-    inner = jnp.arange(N_LEVELS) < N_LEVELS - 1
-    cross_dom = jnp.where(inner, jnp.minimum(cross.domain_gpus, node_cap[..., None, None]), cross.domain_gpus)
-    sys_x = dataclasses.replace(sys, network=dataclasses.replace(cross, domain_gpus=cross_dom))
+    sys_x = dataclasses.replace(sys, network=inner_domains_at_most(cross, node_cap[..., None]))
     out = _slots(model, hs, plan, cal, st, sys, sys_x, lc, t_terms, n_dp, split["layers"], mb, cross_dp)
     oc = out["oc"]
     J, S, R = st.bc
