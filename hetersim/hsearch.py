@@ -122,11 +122,20 @@ def candidates(
 
 
 def evaluate_all(
-    model_entry, plans: Sequence[HeteroPlan], catalog, cluster: Mapping[str, int], cal, seq_len: int, chunk: int = 512
+    model_entry,
+    plans: Sequence[HeteroPlan],
+    catalog,
+    cluster: Mapping[str, int],
+    cal,
+    seq_len: int,
+    chunk: int = 512,
+    shape: tuple[int, int, int] | None = None,
 ):
     """Step time, throughput, MFU, HBM and flags of every plan: one compiled ``vmap`` over
     chunks of plans padded to the largest (kinds in the cluster's order, the network between
-    kinds from those each plan uses)."""
+    kinds from those each plan uses). With ``shape`` (pipelines, stages, replica groups), every
+    chunk is padded to that shape and to ``chunk`` plans, so calls with other plans of the same
+    kinds reuse the compiled program."""
     import jax.numpy as jnp
 
     from . import build
@@ -134,7 +143,7 @@ def evaluate_all(
     from .hsim import common_plan, hetero_spec
 
     kinds = list(cluster)
-    J, S, R = plan_shape(plans)
+    J, S, R = plan_shape(plans) if shape is None else (max(a, b) for a, b in zip(plan_shape(plans), shape, strict=True))
     m = build.model_spec(model_entry)
     plan_s = common_plan(plans[0], seq_len)
     base = hetero_spec(plans[0], catalog, dict(cluster), shape=(J, S, R), kinds=kinds)
@@ -142,7 +151,7 @@ def evaluate_all(
     args = (m, base.systems, base.sp_auto, plan_s, cal)
     keys = ("step_time_s", "tokens_per_s", "mfu", "hbm_used_GiB", "cost_usd", "infeasible")
     out: dict[str, list] = {k: [] for k in keys}
-    chunk = min(chunk, len(plans))
+    chunk = chunk if shape is not None else min(chunk, len(plans))
     for i in range(0, len(plans), chunk):
         part = list(plans[i : i + chunk])
         n = len(part)

@@ -311,7 +311,7 @@ def test_shorthand_stage_across_two_kinds_and_per_stage_layers(catalog):
 
 PLANS = Path(__file__).parent / "data" / "plans"
 PAPER_MODELS = {  # dimensions as each plan's source states them (see the files' headers)
-    "amp": dict(layers=24, hidden=1024, heads=16, vocab=52256, mlp="plain", seq_len=1024),  # GPT-2 medium
+    "amp": dict(layers=24, hidden=1024, heads=16, vocab=50304, mlp="plain", seq_len=1024),  # GPT-2 medium, TP 1
     "sailor": dict(layers=24, hidden=1024, heads=16, vocab=50272, mlp="plain", seq_len=2048),  # OPT-350M
     "metis": dict(layers=8, hidden=4096, heads=32, vocab=51200, mlp="plain", seq_len=1024),  # Metis' GPT "1.5B"
     "flashflex": dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096),  # Llama-2 7B

@@ -29,6 +29,16 @@ OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
         str | None,
         typer.Option(None, "--kinds", help="With --budget: the device kinds a mix may hold, KIND,KIND."),
     ),
+    trials=(
+        int,
+        typer.Option(
+            0,
+            "--trials",
+            help="With --budget: Optuna (TPE) proposes this many mixes, each solved over all its candidate plans; "
+            "0: every mix the budget buys.",
+        ),
+    ),
+    seed=(int, typer.Option(0, "--seed", help="With --trials: the sampler's seed.")),
     study=(
         Path | None,
         typer.Option(None, "--study", help="A plan-search study (studies/plans/*.toml): every cluster's best plan."),
@@ -54,7 +64,11 @@ def plan(**options: Any) -> None:
     if study is not None:
         _study(study, model, cluster, out, list(options.pop("catalog_files")))
         return
-    budget, kinds = options.pop("budget"), options.pop("kinds")
+    budget, kinds, trials, seed = (options.pop(k) for k in ("budget", "kinds", "trials", "seed"))
+    if trials < 0:
+        raise ValueError(f"--trials must be >= 0 (0: every mix); got {trials}")
+    if trials and budget is None:
+        raise ValueError("--trials searches the mixes a budget buys: give it with --budget and --kinds")
     if (budget is None) != (kinds is None):
         raise ValueError("--budget and --kinds go together (the kinds a budget may buy)")
     if budget is not None and cluster is not None:
@@ -74,7 +88,7 @@ def plan(**options: Any) -> None:
         raise ValueError("missing option --global-batch")
     label, entry = api._model(catalog, model)
     if budget is not None:
-        _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json)
+        _budget(catalog, label, entry, (budget, kinds, trials, seed), rest, top, out, as_json)
         return
     mix = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
@@ -125,9 +139,13 @@ def _study(study: Path, model, cluster, out, catalog_files) -> None:
     status(f"wrote {folder / 'report.md'}")
 
 
-def _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json) -> None:
-    """``--budget``: the best plan of every mix of ``kinds`` the budget buys."""
+def _budget(catalog, label, entry, search, rest, top, out, as_json) -> None:
+    """``--budget``: the best plan of every mix of ``kinds`` the budget buys, or of the mixes
+    Optuna proposes (``--trials``)."""
+    from dse.plan_search import search_budget_optuna
     from hetersim import api, hplan, hsearch
+
+    budget, kinds, trials, seed = search
 
     names = [k.strip() for k in kinds.split(",") if k.strip()]
     table = [
@@ -139,14 +157,18 @@ def _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json) -> No
         api.shared_plan(catalog, names, rest, seq)
     except ValueError as error:
         raise with_flag(error) from None
-    status(f"{label}: every mix of {kinds} within 85-100 % of ${budget:g}/h and its candidate plans...")
-    rows, ranked, n_mix, n = hsearch.search_budget(
-        entry, table, budget, catalog, api.default_calibration(), rest, seq, top
-    )
+    cal, how = api.default_calibration(), {"method": "exhaustive"}
+    if trials:
+        status(f"{label}: {trials} Optuna trials over the mixes of {kinds} that ${budget:g}/h buys...")
+        found = search_budget_optuna(entry, table, budget, catalog, cal, rest, seq, trials, seed, top)
+        rows, ranked, n_mix, n, how = found
+    else:
+        status(f"{label}: every mix of {kinds} within 85-100 % of ${budget:g}/h and its candidate plans...")
+        rows, ranked, n_mix, n = hsearch.search_budget(entry, table, budget, catalog, cal, rest, seq, top)
     _, fixed = api.with_chosen_layers(catalog, entry, ranked[0], rows[0]["mix"])
-    header = (
-        f"hetersim plan --model {label} --budget {budget:g} --kinds {kinds}: best of {n} plans over {n_mix} mixes\n"
-    )
+    flags = f" --trials {trials} --seed {seed}" if trials else ""
+    header = f"hetersim plan --model {label} --budget {budget:g} --kinds {kinds}{flags}: "
+    header += f"best of {n} plans over {n_mix} mixes\n"
     text = hplan.to_toml(
         dataclasses.replace(fixed, cluster=rows[0]["mix"]),
         header + f"mix {rows[0]['mix']} at ${rows[0]['usd_per_hour']:.1f}/h",
@@ -160,7 +182,7 @@ def _budget(catalog, label, entry, budget, kinds, rest, top, out, as_json) -> No
             plan=f"{r['mix']} ${r['usd_per_hour']:.0f}/h: {hsearch.describe(ranked[i])}",
         )
     if as_json:
-        head = {"model": label, "budget_usd_per_hour": budget, "mixes": n_mix, "candidates": n}
+        head = {"model": label, "budget_usd_per_hour": budget, "mixes": n_mix, "candidates": n, "search": how}
         typer.echo(fmt.dumps({**head, "ranking": rows,
                               "best": dataclasses.replace(fixed, cluster=rows[0]["mix"]).as_dict()}))  # fmt: skip
         return
