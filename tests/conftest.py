@@ -21,6 +21,16 @@ def catalog():
 
 
 @pytest.fixture(scope="session")
+def held_out(catalog):
+    """The leave-one-source-out predictions of the published runs (300 fit steps, as ``hetersim
+    validate --cross-validate`` and ``calibrate --intervals``), computed once for the tests of
+    the cross-validated error and of the intervals' coverage."""
+    from hetersim.fit.calibration import held_out as leave_one_source_out
+
+    return leave_one_source_out(catalog=catalog, steps=300)
+
+
+@pytest.fixture(scope="session")
 def cal():
     return as_spec(load_calibration())
 

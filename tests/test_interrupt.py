@@ -75,6 +75,8 @@ def test_ctrl_c_during_the_first_compile_exits_130_with_one_line(tmp_path, delay
     assert proc.returncode == interrupt.INTERRUPTED_EXIT, err
     assert len(lines) == 1 and lines[0].startswith("interrupted"), err
     assert "Traceback" not in err and "Fatal Python error" not in err
+    if delay_s < 1.5:
+        return  # the rerun below resumes from what the interrupt left; once is enough (a compile each)
     rerun = _sweep(tmp_path)
     rerun.communicate(timeout=600)
     assert rerun.returncode == 0 and (tmp_path / "default.nc").is_file()

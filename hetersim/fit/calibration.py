@@ -249,13 +249,14 @@ def held_out(runs_path: str | Path | None = None, catalog=None, steps: int = 300
     return pb, pred, ok
 
 
-def cross_validate(runs_path: str | Path | None = None, catalog=None, steps: int = 300) -> dict[str, Any]:
+def cross_validate(runs_path: str | Path | None = None, catalog=None, steps: int = 300, held=None) -> dict[str, Any]:
     """Leave-one-source-out: fit the constants without a source's runs, predict that source.
 
     The honest estimate of how the model does on published runs it was not fitted to. Returns
-    per held-out source its MAPE, and the MAPE over all rows predicted while held out.
+    per held-out source its MAPE, and the MAPE over all rows predicted while held out. ``held``:
+    the result of :func:`held_out` for the same runs and steps, when the caller has it already.
     """
-    pb, pred, ok = held_out(runs_path, catalog, steps)
+    pb, pred, ok = held if held is not None else held_out(runs_path, catalog, steps)
     measured, labels = pb.prep.measured, pb.labels
     held_err = np.where(ok, np.abs(pred - measured) / measured * 100.0, 100.0)
     per_source = {}

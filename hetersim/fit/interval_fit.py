@@ -28,11 +28,12 @@ def _subset(flags: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndar
     return {f: v[mask] for f, v in flags.items()}
 
 
-def fit_from_runs(runs_path: str | Path | None = None, catalog=None, steps: int = 300, k: float = K_PSEUDO):
+def fit_from_runs(runs_path: str | Path | None = None, catalog=None, steps: int = 300, k: float = K_PSEUDO, held=None):
     """Fit the interval model to the held-out residuals of the runs; returns the model, its LOSO
     and in-sample coverage (%), and the metadata :func:`~hetersim.fit.intervals.write_intervals`
-    stores."""
-    pb, pred, ok = calibration.held_out(runs_path, catalog, steps)
+    stores. ``held``: :func:`~hetersim.fit.calibration.held_out` of the same runs and steps, when
+    the caller has it already."""
+    pb, pred, ok = held if held is not None else calibration.held_out(runs_path, catalog, steps)
     labels, measured = pb.labels, pb.prep.measured
     e = np.where(ok, np.log(measured / np.where(ok, pred, 1.0)), np.nan)
     fold_evidence = {lab: evidence_of(pb.rows, pb.feasible & (labels != lab)) for lab in dict.fromkeys(labels)}
