@@ -39,8 +39,8 @@ def test_optuna_finds_the_best_plan_of_the_exhaustive_budget_search():
     assert n_mix == full_mixes == 2 and how["method"] == "optuna-tpe" and how["trials"] == 10
     assert rows[0]["mix"] == full_rows[0]["mix"] and rows[0]["step_time_s"] == full_rows[0]["step_time_s"]
     assert hsearch.describe(plans[0]) == hsearch.describe(full_plans[0])
-    # Each mix on its own, padded to the search's shape and chunk of 256 plans: the same numbers
-    # as the exhaustive batch of both mixes' plans in chunks of 512.
+    # Each mix on its own, padded to the search's two shapes in chunks of 512: the same numbers
+    # as the exhaustive batch of both mixes' plans.
     assert hplan.plan_shape(full_plans) == plan_search._shape(KINDS, entry)
     exhaustive = {(r["mix"], hsearch.describe(p)): r for r, p in zip(full_rows, full_plans, strict=False)}
     for row, plan in zip(rows, plans, strict=True):
