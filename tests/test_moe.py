@@ -243,13 +243,13 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     result = CliRunner().invoke(app, ["validate", "--runs", str(MOE_RUNS), "--out", str(out)])
     assert result.exit_code == 0, result.output
     summary = json.loads(out.read_text())
-    assert summary["n_runs"] == 145
+    assert summary["n_runs"] == 143  # 145 published, less the two the source flags as a regression (data/README.md)
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 17.0% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
+# Today's 16.5% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
 # against regressions, short of the 12% target.
-MOE_MAPE_BOUND = 18.0
+MOE_MAPE_BOUND = 17.5
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
