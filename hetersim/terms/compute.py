@@ -257,27 +257,46 @@ def attention_peak(dev, plan):
     return jnp.where(fp32, jnp.minimum(peak16, dev.peak_tflops[Precision.FP32]), peak16) * TFLOP
 
 
-def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2):
+def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2, keys_per_call=None):
     """Utilisation of the plan's fused kernel at its shape: the catalog's figure at the reference
     shape, moved by the keys per kernel call (``s / cp``: ring attention runs one call per ring
-    step) and the head size (:mod:`hetersim.terms.attention`); never above the peak."""
+    step; a sliding-window layer's window) and the head size (:mod:`hetersim.terms.attention`);
+    never above the peak."""
     ref = _fused_eff(plan, fastest, fa2)
     cost = jnp.where(plan.attention_code == Attention.FLASH2, attention.FA2_SOFTMAX_COST, dev.attn_softmax_cost)
-    shape = attention.seq_factor(plan.seq_len / plan.cp) * attention.head_dim_factor(m.head_dim, cost)
+    keys = plan.seq_len / plan.cp if keys_per_call is None else keys_per_call
+    shape = attention.seq_factor(keys) * attention.head_dim_factor(m.head_dim, cost)
     return jnp.minimum(ref * shape, 1.0)
+
+
+def fused_attention_s(dev, m: ModelSpec, plan: Plan, flops, fastest, fa2):
+    """``flops`` of attention at the fused kernel's rate (:func:`attention_eff`). A model with
+    sliding-window layers runs their share of the FLOPs at the rate of a call of ``window`` keys
+    per query, not of the sequence: a query block meets a few key blocks, so the fixed cost per
+    query row weighs as at a short sequence (NVIDIA's cuDNN SDPA benchmark at GPT-OSS's windowed
+    shape, d 64, window 128, seq 4096, GB200 BF16: 161 TFLOP/s forward, 182 backward,
+    window-aware FLOPs; NVIDIA/cudnn-frontend@3929da2ef4c1
+    benchmark/sdpa_benchmark_training/results/gpt_oss/gb200/gpt_oss_20260424_100011.csv)."""
+    peak = attention_peak(dev, plan)
+    eff = attention_eff(dev, m, plan, fastest, fa2)
+    if m.extra is None:  # no windowed layers: nothing of this is traced
+        return safe_div(flops, peak * eff, 1e9)
+    ratio = jnp.where(m.swa_window > 0, jnp.minimum(2.0 * m.swa_window / plan.seq_len, 1.0), 1.0)
+    windowed = safe_div(m.swa_share * ratio, attention_keys(m, plan.seq_len), 0.0)  # their share of the FLOPs
+    keys = jnp.minimum(m.swa_window, plan.seq_len / plan.cp)
+    eff_w = attention_eff(dev, m, plan, fastest, fa2, keys_per_call=keys)
+    return safe_div(flops * (1.0 - windowed), peak * eff, 1e9) + safe_div(flops * windowed, peak * eff_w, 1e9)
 
 
 def attention_fwd_s(dev, cal, m, plan):
     flops = attention_flops_fwd(m, plan)
-    eff = attention_eff(dev, m, plan, dev.attn_eff_fwd, dev.attn2_eff_fwd)
-    flash = safe_div(flops, attention_peak(dev, plan) * eff, 1e9) + cal.kernel_overhead_us * US
+    flash = fused_attention_s(dev, m, plan, flops, dev.attn_eff_fwd, dev.attn2_eff_fwd) + cal.kernel_overhead_us * US
     return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 1.0), flash)
 
 
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
-    eff = attention_eff(dev, m, plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
-    flash = safe_div(flops, attention_peak(dev, plan) * eff, 1e9) + 2.0 * cal.kernel_overhead_us * US
+    flash = fused_attention_s(dev, m, plan, flops, dev.attn_eff_bwd, dev.attn2_eff_bwd) + 2.0 * cal.kernel_overhead_us * US
     return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 2.0), flash)
 
 
