@@ -296,7 +296,8 @@ def attention_fwd_s(dev, cal, m, plan):
 
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
-    flash = fused_attention_s(dev, m, plan, flops, dev.attn_eff_bwd, dev.attn2_eff_bwd) + 2.0 * cal.kernel_overhead_us * US
+    flash = fused_attention_s(dev, m, plan, flops, dev.attn_eff_bwd, dev.attn2_eff_bwd)
+    flash = flash + 2.0 * cal.kernel_overhead_us * US
     return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 2.0), flash)
 
 
