@@ -27,24 +27,24 @@ from typing import Any
 
 import numpy as np
 
+from hetersim.hsearch import BUDGET_LOW, MAX_GPUS_PER_KIND
+
 CHUNK = 512  # plans per compiled call, as evaluate_all's default (the exhaustive search's program is reused)
-LOW = 0.85  # a mix must spend at least this share of the budget (as mixes_within)
-MAX_GPUS = 256  # at most this many GPUs of one kind (as mixes_within)
 
 
 def nodes_for(kinds: Sequence[tuple[str, float, int]], proposal: Mapping[str, int], budget: float):
     """The mix ``[(kind, GPUs, node), ...]`` of a proposal (nodes of every kind but the last), the
     last kind filling what the budget leaves in whole nodes; None when the proposal overspends,
-    holds no GPU, or spends less than :data:`LOW` of the budget."""
+    holds no GPU, or spends less than :data:`~hetersim.hsearch.BUDGET_LOW` of the budget."""
     *head, (last, last_price, last_node) = kinds
     spent = sum(proposal[k] * node * price for k, price, node in head)
     if spent > budget:
         return None
-    fill = min(int((budget - spent) // (last_node * last_price)), MAX_GPUS // last_node)
+    fill = min(int((budget - spent) // (last_node * last_price)), MAX_GPUS_PER_KIND // last_node)
     counts = [(k, proposal[k] * node, node) for k, _, node in head] + [(last, fill * last_node, last_node)]
     mix = [c for c in counts if c[1] > 0]
     price = spent + fill * last_node * last_price
-    if not mix or price < LOW * budget:
+    if not mix or price < BUDGET_LOW * budget:
         return None
     return mix
 
@@ -92,7 +92,7 @@ def search_budget_optuna(
         trial = study.ask()
         asked += 1
         proposal = {
-            k: trial.suggest_int(f"nodes[{k}]", 0, min(int(budget // (price * node)), MAX_GPUS // node))
+            k: trial.suggest_int(f"nodes[{k}]", 0, min(int(budget // (price * node)), MAX_GPUS_PER_KIND // node))
             for k, price, node in kinds[:-1]
         }
         mix = nodes_for(kinds, proposal, budget)
@@ -102,29 +102,31 @@ def search_budget_optuna(
         label = ",".join(f"{k}:{n}" for k, n, _ in mix)
         if label not in solved:
             plans = hsearch.candidates(mix, model_entry, options)
-            solved[label] = _solve(model_entry, mix, kinds, plans, catalog, cal, seq_len, shape, top)
+            solved[label] = _solve(model_entry, mix, label, kinds, plans, catalog, cal, seq_len, shape, top)
             n_plans += len(plans)
         study.tell(trial, solved[label][0])
         told += 1
     if not solved:
         raise ValueError(f"--budget: ${budget:g}/h buys no mix of whole nodes of --kinds within 85-100 % of it")
-    rows, plans = _ranked(solved, catalog, top)
+    rows, plans = _ranked(solved, top)
     summary = {"method": "optuna-tpe", "seed": seed, "trials": told, "pruned": asked - told, "mixes": len(solved)}
     return rows, plans, len(solved), n_plans, summary
 
 
-def _solve(model_entry, mix, kinds, plans, catalog, cal, seq_len, shape, top):
-    """Every candidate of one mix, evaluated at the search's two shapes: (the best fitting step
-    time or inf, the ``top`` best (row, plan) pairs, fitting ones first)."""
+def _solve(model_entry, mix, label, kinds, plans, catalog, cal, seq_len, shape, top):
+    """Every candidate of one mix (``label``), evaluated at the search's two shapes: (the best
+    fitting step time or inf, the ``top`` best (row, plan) pairs, fitting ones first; a row carries
+    the mix and its hourly price, bought whether its plan uses every GPU or not)."""
 
     present = {k: n for k, n, _ in mix}
     cluster = {k: present.get(k, node) for k, _, node in kinds}  # every kind, so one compiled shape
+    price = sum(present.get(k, 0) * usd for k, usd, _ in kinds)
     res = _evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape)
     fits = res["infeasible"] == 0
     order = np.lexsort((res["step_time_s"], ~fits))
     best = float(res["step_time_s"][order[0]]) if fits[order[0]] else math.inf
-    label = ",".join(f"{k}:{n}" for k, n, _ in mix)
-    keep = [({k: v[i].item() for k, v in res.items()} | {"mix": label}, plans[i]) for i in order[:top]]
+    extra = {"mix": label, "usd_per_hour": price}
+    keep = [({k: v[i].item() for k, v in res.items()} | extra, plans[i]) for i in order[:top]]
     return best, keep
 
 
@@ -150,21 +152,8 @@ def _evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape
     return out
 
 
-def _ranked(solved: Mapping[str, tuple[float, list]], catalog, top: int):
+def _ranked(solved: Mapping[str, tuple[float, list]], top: int):
     """The best ``top`` plans over every solved mix, fitting ones first, by step time."""
     pairs = [pair for _, keep in solved.values() for pair in keep]
     pairs.sort(key=lambda p: (p[0]["infeasible"] != 0, p[0]["step_time_s"]))
-    rows, plans = [], []
-    for row, plan in pairs[:top]:
-        rows.append(row | {"usd_per_hour": sum_price(row["mix"], catalog)})  # the mix bought, used or not
-        plans.append(plan)
-    return rows, plans
-
-
-def sum_price(label: str, catalog) -> float:
-    """The hourly price of a mix label ``KIND:N,KIND:N``."""
-    total = 0.0
-    for part in label.split(","):
-        kind, n = part.rsplit(":", 1)
-        total += int(n) * float(catalog.gpu(kind)["price_usd_per_hour"])
-    return total
+    return [row for row, _ in pairs[:top]], [plan for _, plan in pairs[:top]]

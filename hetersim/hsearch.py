@@ -202,8 +202,12 @@ def describe(plan: HeteroPlan) -> str:
     return ", ".join(parts)
 
 
+BUDGET_LOW = 0.85  # a mix spends at least this share of its budget
+MAX_GPUS_PER_KIND = 256  # at most this many GPUs of one kind in a mix
+
+
 def mixes_within(
-    kinds: Sequence[tuple[str, float, int]], budget: float, low: float = 0.85, max_gpus: int = 256
+    kinds: Sequence[tuple[str, float, int]], budget: float, low: float = BUDGET_LOW, max_gpus: int = MAX_GPUS_PER_KIND
 ) -> list:
     """Mixes ``[(kind, GPUs, node), ...]`` of whole nodes whose hourly price is within
     ``[low * budget, budget]`` (``kinds``: ``(kind, $/GPU-hour, GPUs per node)``), at most
