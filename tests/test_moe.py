@@ -247,9 +247,9 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 16.5% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
+# Today's 16.3% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
 # against regressions, short of the 12% target.
-MOE_MAPE_BOUND = 17.5
+MOE_MAPE_BOUND = 17.0
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
