@@ -117,39 +117,18 @@ def _solve(model_entry, mix, label, kinds, plans, catalog, cal, seq_len, shape, 
     """Every candidate of one mix (``label``), evaluated at the search's two shapes: (the best
     fitting step time or inf, the ``top`` best (row, plan) pairs, fitting ones first; a row carries
     the mix and its hourly price, bought whether its plan uses every GPU or not)."""
+    from hetersim import hsearch
 
     present = {k: n for k, n, _ in mix}
     cluster = {k: present.get(k, node) for k, _, node in kinds}  # every kind, so one compiled shape
     price = sum(present.get(k, 0) * usd for k, usd, _ in kinds)
-    res = _evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape)
+    res = hsearch.evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape, CHUNK)
     fits = res["infeasible"] == 0
     order = np.lexsort((res["step_time_s"], ~fits))
     best = float(res["step_time_s"][order[0]]) if fits[order[0]] else math.inf
     extra = {"mix": label, "usd_per_hour": price}
     keep = [({k: v[i].item() for k, v in res.items()} | extra, plans[i]) for i in order[:top]]
     return best, keep
-
-
-def _evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape):
-    """:func:`hetersim.hsearch.evaluate_all` in two padded shapes: one pipeline of one replica
-    group a stage (stages by kind, most candidates) at ``(1, S, 1)``, the rest at ``shape``; the
-    engine's work grows with the padded slots, so the first group runs about 4x faster than at
-    the full shape (two compilations a search, the same numbers: padding is masked out)."""
-    from hetersim import hplan, hsearch
-
-    J, S, R = shape
-    simple = [i for i, p in enumerate(plans) if hplan.plan_shape([p])[::2] == (1, 1)]
-    rest = sorted(set(range(len(plans))) - set(simple))
-    out: dict[str, np.ndarray] = {}
-    for index, padded in ((simple, (1, S, 1)), (rest, (J, S, R))):
-        if not index:
-            continue
-        part = hsearch.evaluate_all(
-            model_entry, [plans[i] for i in index], catalog, cluster, cal, seq_len, chunk=CHUNK, shape=padded
-        )
-        for key, values in part.items():
-            out.setdefault(key, np.zeros(len(plans), values.dtype))[index] = values
-    return out
 
 
 def _ranked(solved: Mapping[str, tuple[float, list]], top: int):
