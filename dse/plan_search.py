@@ -27,9 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hetersim.hsearch import BUDGET_LOW, MAX_GPUS_PER_KIND
-
-CHUNK = 512  # plans per compiled call, as evaluate_all's default (the exhaustive search's program is reused)
+from hetersim import hsearch
 
 
 def nodes_for(kinds: Sequence[tuple[str, float, int]], proposal: Mapping[str, int], budget: float):
@@ -40,11 +38,11 @@ def nodes_for(kinds: Sequence[tuple[str, float, int]], proposal: Mapping[str, in
     spent = sum(proposal[k] * node * price for k, price, node in head)
     if spent > budget:
         return None
-    fill = min(int((budget - spent) // (last_node * last_price)), MAX_GPUS_PER_KIND // last_node)
+    fill = min(int((budget - spent) // (last_node * last_price)), hsearch.MAX_GPUS_PER_KIND // last_node)
     counts = [(k, proposal[k] * node, node) for k, _, node in head] + [(last, fill * last_node, last_node)]
     mix = [c for c in counts if c[1] > 0]
     price = spent + fill * last_node * last_price
-    if not mix or price < BUDGET_LOW * budget:
+    if not mix or price < hsearch.BUDGET_LOW * budget:
         return None
     return mix
 
@@ -53,8 +51,6 @@ def _shape(kinds: Sequence[Any], model_entry: Mapping[str, Any]) -> tuple[int, i
     """One padded plan shape for every candidate of every mix of ``kinds``: a pipeline per kind
     (pipelines by kind), at most :data:`hetersim.hsearch.MAX_STAGES` stages, and a stage's
     replicas on at most every kind (rank-ordered stages straddle kinds)."""
-    from hetersim import hsearch
-
     layers = int(model_entry.get("layers", 0) or 0) + int(model_entry.get("mtp_layers", 0) or 0)
     return len(kinds), max(1, min(hsearch.MAX_STAGES, layers)), len(kinds)
 
@@ -77,8 +73,6 @@ def search_budget_optuna(
     summary of the search)."""
     import optuna
 
-    from hetersim import hsearch
-
     if len(kinds) < 1:
         raise ValueError("--kinds: name at least one device kind")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -91,8 +85,9 @@ def search_budget_optuna(
     while told < trials and asked < 50 * trials:  # pruned proposals cost nothing, but are bounded
         trial = study.ask()
         asked += 1
+        cap = hsearch.MAX_GPUS_PER_KIND
         proposal = {
-            k: trial.suggest_int(f"nodes[{k}]", 0, min(int(budget // (price * node)), MAX_GPUS_PER_KIND // node))
+            k: trial.suggest_int(f"nodes[{k}]", 0, min(int(budget // (price * node)), cap // node))
             for k, price, node in kinds[:-1]
         }
         mix = nodes_for(kinds, proposal, budget)
@@ -117,12 +112,10 @@ def _solve(model_entry, mix, label, kinds, plans, catalog, cal, seq_len, shape, 
     """Every candidate of one mix (``label``), evaluated at the search's two shapes: (the best
     fitting step time or inf, the ``top`` best (row, plan) pairs, fitting ones first; a row carries
     the mix and its hourly price, bought whether its plan uses every GPU or not)."""
-    from hetersim import hsearch
-
     present = {k: n for k, n, _ in mix}
     cluster = {k: present.get(k, node) for k, _, node in kinds}  # every kind, so one compiled shape
     price = sum(present.get(k, 0) * usd for k, usd, _ in kinds)
-    res = hsearch.evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape, CHUNK)
+    res = hsearch.evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len, shape)
     fits = res["infeasible"] == 0
     order = np.lexsort((res["step_time_s"], ~fits))
     best = float(res["step_time_s"][order[0]]) if fits[order[0]] else math.inf

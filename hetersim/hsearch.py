@@ -121,6 +121,9 @@ def candidates(
     return out
 
 
+CHUNK = 512  # plans per compiled call of the plan engine
+
+
 def evaluate_all(
     model_entry,
     plans: Sequence[HeteroPlan],
@@ -128,7 +131,7 @@ def evaluate_all(
     cluster: Mapping[str, int],
     cal,
     seq_len: int,
-    chunk: int = 512,
+    chunk: int = CHUNK,
     shape: tuple[int, int, int] | None = None,
 ):
     """Step time, throughput, MFU, HBM and flags of every plan: one compiled ``vmap`` over
@@ -178,7 +181,7 @@ def evaluate_search(model_entry, plans, catalog, cluster, cal, seq_len: int):
     return evaluate_all(model_entry, plans, catalog, cluster, cal, seq_len)
 
 
-def evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len: int, shape=None, chunk: int = 512):
+def evaluate_bucketed(model_entry, plans, catalog, cluster, cal, seq_len: int, shape=None, chunk: int = CHUNK):
     """:func:`evaluate_all` in two padded shapes: plans of one pipeline and one replica group a
     stage (stages by kind, most candidates) at ``(1, S, 1)``, the rest at ``shape`` (default: the
     plans' own). The engine's work grows with the padded slots, so the first group runs about 4x
@@ -273,9 +276,10 @@ def search_budget(model_entry, kinds, budget, catalog, cal, options, seq_len: in
     res = evaluate_search(model_entry, plans, catalog, {k: n for k, n in widest.items() if n}, cal, seq_len)
     order = np.lexsort((res["step_time_s"], res["infeasible"] != 0))
     rows = []
+    usd = {k: p for k, p, _ in kinds}  # the prices the budget band was drawn with
     for i in order[:top]:
         mix = mixes[owner[i]]
-        price = sum(n * float(catalog.gpu(k)["price_usd_per_hour"]) for k, n, _ in mix)
+        price = sum(n * usd[k] for k, n, _ in mix)
         row = {k: v[i].item() for k, v in res.items()}
         rows.append(row | {"mix": ",".join(f"{k}:{n}" for k, n, _ in mix), "usd_per_hour": price, "index": int(i)})
     return rows, [plans[i] for i in order], len(mixes), len(plans)

@@ -22,7 +22,7 @@ from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision, Recompute
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
-from .flops import attention_keys, core_width, kv_width, n_mlp_matrices, q_width
+from .flops import attention_keys, core_width, kv_width, n_mlp_matrices, q_width, window_keys
 
 
 def low_precision(plan: Plan):
@@ -281,8 +281,7 @@ def fused_attention_s(dev, m: ModelSpec, plan: Plan, flops, fastest, fa2):
     eff = attention_eff(dev, m, plan, fastest, fa2)
     if m.extra is None:  # no windowed layers: nothing of this is traced
         return safe_div(flops, peak * eff, 1e9)
-    ratio = jnp.where(m.swa_window > 0, jnp.minimum(2.0 * m.swa_window / plan.seq_len, 1.0), 1.0)
-    windowed = safe_div(m.swa_share * ratio, attention_keys(m, plan.seq_len), 0.0)  # their share of the FLOPs
+    windowed = safe_div(m.swa_share * window_keys(m, plan.seq_len), attention_keys(m, plan.seq_len), 0.0)  # FLOP share
     keys = jnp.minimum(m.swa_window, plan.seq_len / plan.cp)
     eff_w = attention_eff(dev, m, plan, fastest, fa2, keys_per_call=keys)
     return safe_div(flops * (1.0 - windowed), peak * eff, 1e9) + safe_div(flops * windowed, peak * eff_w, 1e9)

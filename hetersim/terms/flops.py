@@ -106,11 +106,16 @@ def active_params(m: ModelSpec):
     return dense_layers(m) * layer_params(m) + m.moe_layers * moe + embedding_params(m)
 
 
+def window_keys(m: ModelSpec, seq_len):
+    """Keys a query of a windowed layer attends to, as a share of a causal full-length layer's
+    ``s/2``: at most ``swa_window`` (1 where the model has no window)."""
+    return jnp.where(m.swa_window > 0, jnp.minimum(2.0 * m.swa_window / seq_len, 1.0), 1.0)
+
+
 def attention_keys(m: ModelSpec, seq_len):
     """Mean keys a query attends to over the layers, as a share of a causal full-length layer's
     ``s/2``: windowed layers (``swa_share`` of them) see at most ``swa_window`` keys."""
-    window = jnp.where(m.swa_window > 0, jnp.minimum(2.0 * m.swa_window / seq_len, 1.0), 1.0)
-    return 1.0 - m.swa_share + m.swa_share * window
+    return 1.0 - m.swa_share + m.swa_share * window_keys(m, seq_len)
 
 
 def core_width(m: ModelSpec):
