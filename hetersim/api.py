@@ -185,7 +185,7 @@ def configure(
     from .reliability import check_checkpoint_tier
 
     cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
-    system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, **cxl)
+    system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, fleets=cat.fleets, **cxl)
     tiers.check_offload(system.host, resolved["offload"])
     check_checkpoint_tier(system.host, resolved.get("checkpoint_tier") or DEFAULTS["checkpoint_tier"])
     check_layout(model_entry, plan, resolved)

@@ -195,10 +195,11 @@ host_spec = tiers.host_spec
 
 
 def system_spec(
-    gpu, links, scaleup_domain=None, memory=None, *, cxl_expander=None, cxl_pool=None, cxl_p2p=None
+    gpu, links, scaleup_domain=None, memory=None, *, cxl_expander=None, cxl_pool=None, cxl_p2p=None, fleets=None
 ) -> SystemSpec:
-    """Device, network and host specs of one GPU entry; the CXL options as for :func:`host_spec`."""
-    cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p)
+    """Device, network and host specs of one GPU entry; the CXL options, ``memory`` and ``fleets``
+    (a catalog's, the packaged ones when None) as for :func:`host_spec`."""
+    cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p, fleets=fleets)
     return SystemSpec(
         device=device_spec(gpu),
         network=network_spec(gpu, links, scaleup_domain),

@@ -470,7 +470,9 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
     for k in kinds:
         entry = catalog.gpu(k)
         domain = min(float(entry.get("scaleup_domain", 8)), float(cluster.get(k, 1)))
-        systems.append(build.system_spec(entry, catalog.links, scaleup_domain=domain, memory=catalog.memory))
+        memory, fleets = catalog.memory, catalog.fleets
+        spec = build.system_spec(entry, catalog.links, scaleup_domain=domain, memory=memory, fleets=fleets)
+        systems.append(spec)
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *systems)
     link_bw = link_lat = 0.0
     if hplan.link:

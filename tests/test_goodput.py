@@ -427,3 +427,22 @@ def test_the_goodput_study_gives_the_figures_of_the_readme(tmp_path):
     for gpu in (h100, "h200-sxm-141gb"):
         for mode in ("sync", "async"):
             assert rows[gpu, "pfs", mode]["goodput"] <= rows[gpu, "cxl-pool", mode]["goodput"] + 1e-6
+
+
+def test_a_user_catalog_fleet_is_the_one_evaluate_uses(tmp_path):
+    """A GPU entry may name a fleet its own catalog file defines: the host's goodput figures come
+    from that fleet, not only from the packaged ones (``evaluate --catalog``)."""
+    from hetersim.catalog import load_catalog
+
+    entry = {k: v for k, v in load_catalog().fleet("meta-llama3-h100").items() if k != "sources"}
+    entry["restart_s"] = 10 * entry["restart_s"]
+    lines = ["[fleets.slow-restarts]"] + [f"{k} = {json.dumps(v)}" for k, v in entry.items()]
+    lines += ["[gpus.h100-sxm-80gb]", 'fleet = "slow-restarts"']
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(lines) + "\n")
+    own = runner.invoke(app, [*BASE, "--json", "--catalog", str(path)])
+    packaged = runner.invoke(app, [*BASE, "--json"])
+    assert own.exit_code == 0 and packaged.exit_code == 0, own.stderr + packaged.stderr
+    slow, base = json.loads(own.stdout)["goodput"], json.loads(packaged.stdout)["goodput"]
+    assert slow["restart_s"] - base["restart_s"] == pytest.approx(9 * 300.0, rel=1e-4)
+    assert slow["goodput"] < base["goodput"]

@@ -342,7 +342,8 @@ def cxl_defaults(inputs: Mapping[str, Any]) -> dict[str, str]:
 def row_system(row: Row | None, inputs: Mapping[str, Any], catalog, path, cxl: Mapping[str, str]):
     """The system spec of a row's inputs with the CXL devices ``cxl``; errors name the row."""
     try:
-        return build.system_spec(inputs["gpu"], catalog.links, inputs["scaleup_domain"], catalog.memory, **cxl)
+        gpu, domain = inputs["gpu"], inputs["scaleup_domain"]
+        return build.system_spec(gpu, catalog.links, domain, catalog.memory, fleets=catalog.fleets, **cxl)
     except ValueError as e:
         where = f"row {row.id}: " if row is not None else ""
         raise ValueError(f"{path}: {where}{e}") from None
