@@ -6,6 +6,7 @@ end in a segmentation fault at exit (139); the CLI's SIGINT handler leaves at on
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,3 +95,31 @@ def test_ctrl_c_while_the_command_line_starts_is_one_line(delay_s):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def _run_exit(body: str) -> subprocess.CompletedProcess:
+    code = "import atexit, sys, threading, time\nfrom dse.entry import _exit\n" + body
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_the_console_script_ends_with_the_commands_status_and_flushed_output():
+    """dse.entry skips the interpreter's teardown (os._exit) after the command: its status, its
+    buffered output and the exit handlers must survive that."""
+    done = _run_exit("atexit.register(lambda: print('handler ran'))\nsys.stdout.write('buffered')\n_exit(3)")
+    assert done.returncode == 3
+    assert done.stdout == "bufferedhandler ran\n"
+    # A thread that is not a daemon: Python's exit waits for it, and so does this one.
+    waits = _run_exit(
+        "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done'))).start()\n"
+        "try:\n    _exit(4)\nexcept SystemExit as e:\n    print('waited', e.code); raise"
+    )
+    assert waits.returncode == 4 and waits.stdout.split() == ["waited", "4", "thread", "done"]
+
+
+def test_a_piped_evaluate_prints_all_of_its_json_and_a_bad_one_exits_2():
+    base = [sys.executable, "-m", "dse", "evaluate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
+    ok = subprocess.run([*base, "--global-batch", "8", "--json"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["step_time_s"] > 0
+    bad = subprocess.run([*base, "--global-batch", "8", "--tp", "3"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1

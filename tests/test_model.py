@@ -259,3 +259,18 @@ def test_zero3_without_prefetch_exposes_every_weight_gather(catalog, cal):
     assert float(wait.dp_comm_s) > float(pre.dp_comm_s)
     assert float(wait.step_time_s) > float(pre.step_time_s)
     assert float(wait.hbm_used_GiB) == pytest.approx(float(pre.hbm_used_GiB), rel=1e-6)
+
+
+def test_as_arrays_places_a_whole_spec_and_keeps_traced_leaves():
+    """pytree.as_arrays converts on the host and places the spec with one device_put: JAX leaves,
+    float32 with int32 codes; inside a trace a traced leaf stays traced (gradients flow)."""
+    from hetersim.pytree import as_arrays
+
+    p = build.plan_spec(tp=2, n_gpus=8, global_batch=8, seq_len=4096)
+    leaves = jax.tree_util.tree_leaves_with_path(p)
+    assert all(isinstance(v, jax.Array) for _, v in leaves)
+    assert {str(v.dtype) for k, v in leaves if k[-1].name.endswith("_code")} == {"int32"}
+    assert {str(v.dtype) for k, v in leaves if not k[-1].name.endswith("_code")} == {"float32"}
+    assert jax.grad(lambda x: as_arrays({"a": x, "b": 3.0})["a"] * as_arrays({"b": 3.0})["b"])(1.0) == 3.0
+    assert isinstance(as_arrays({"a": 1.0}, xp=np)["a"], np.ndarray)
+    assert as_arrays({"a": 1.0}, dtype=jnp.float16)["a"].dtype == jnp.float16
