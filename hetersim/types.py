@@ -67,9 +67,12 @@ LOW_PRECISION = tuple(GEMM_INPUT_BYTES)
 # "flash": the fastest fused attention kernel of the device (FlashAttention-3 / cuDNN on Hopper,
 # FlashAttention-2 on Ampere); "materialized": an s x s score matrix (pre-2023 Megatron-LM);
 # "flash2": FlashAttention-2-class kernels (PyTorch SDPA's default flash backend), which on
-# Hopper and newer reach about half of the fastest kernel; "auto": the plan's software stack's
-# kernel (catalog/stacks.toml), or materialized where the device has no fused kernel.
-AttentionName = Literal["flash", "materialized", "flash2", "auto"]
+# Hopper and newer reach about half of the fastest kernel; "flash1": FlashAttention-1-class
+# kernels (the FlashAttention v1 CUDA kernels and their Triton port, flash_attn_triton.py, which
+# llm-foundry ran in 2023), at a fixed share of the FlashAttention-2 rate
+# (hetersim.terms.attention.FLASH1_VS_FA2); "auto": the plan's software stack's kernel
+# (catalog/stacks.toml), or materialized where the device has no fused kernel.
+AttentionName = Literal["flash", "materialized", "flash2", "auto", "flash1"]
 
 
 class Attention(Choice):
@@ -77,6 +80,7 @@ class Attention(Choice):
     MATERIALIZED = 1
     FLASH2 = 2
     AUTO = 3
+    FLASH1 = 4
 
 
 # The loss kernel: "materialized" computes the LM head's logits for every token and runs the
@@ -120,8 +124,11 @@ class Dispatcher(Choice):
 # "torchtitan" torchtitan in eager mode, "torchtitan-compile" with torch.compile;
 # "deepspeed" DeepSpeed ZeRO and its pipeline engine (Megatron-DeepSpeed);
 # "fsdp" PyTorch FSDP / FSDP2 frameworks running eager Hugging Face-style modules
-# (HF Accelerate / Trainer, llm-foundry / Composer); "maxtext" JAX/MaxText on NVIDIA GPUs.
-StackName = Literal["megatron", "megatron-legacy", "torchtitan", "torchtitan-compile", "deepspeed", "fsdp", "maxtext"]
+# (HF Accelerate / Trainer, llm-foundry / Composer); "maxtext" JAX/MaxText on NVIDIA GPUs;
+# "llm-foundry" llm-foundry / Composer as in its 2023 MPT benchmark tables (Triton FlashAttention).
+StackName = Literal[
+    "megatron", "megatron-legacy", "torchtitan", "torchtitan-compile", "deepspeed", "fsdp", "maxtext", "llm-foundry"
+]
 
 
 class Stack(Choice):
@@ -132,6 +139,7 @@ class Stack(Choice):
     DEEPSPEED = 4
     FSDP = 5
     MAXTEXT = 6
+    LLM_FOUNDRY = 7
 
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").

@@ -134,6 +134,44 @@ def test_smaller_heads_run_attention_at_a_lower_utilisation(catalog, cal):
     assert float(narrow) < float(wide) <= 1.0
 
 
+def test_flash_attention_1_class_kernels_run_at_their_published_share_of_flash_attention_2(catalog, cal):
+    """FlashAttention-1 and its Triton port at 0.42-0.44 of FlashAttention-2 (fwd+bwd, causal,
+    hdim 128, seq 4k-16k; FlashAttention-2 paper figures, A100 and H100), at every length; their
+    rate still rises with the sequence, and a smaller head costs them nothing."""
+    pairs = {"A100 FA1": [(76, 173), (80, 182), (83, 189)], "A100 Triton": [(74, 173), (78, 182), (80, 189)],
+             "H100 FA1": [(126, 294), (135, 308), (137, 328)]}  # fmt: skip
+    for ratios in pairs.values():
+        assert all(abs(a / b - attention.FLASH1_VS_FA2) <= 0.015 for a, b in ratios)
+    for gpu in ("h100-sxm-80gb", "a100-sxm-80gb"):
+        effs = {}
+        for seq in (2048, 16384):
+            for kernel in ("flash1", "flash2"):
+                m, s, p = make(catalog, "llama3-8b", gpu=gpu, n_gpus=8, tp=1, pp=1, global_batch=8, seq_len=seq,
+                               attention=kernel)  # fmt: skip
+                effs[kernel, seq] = float(
+                    compute.attention_eff(s.device, m, p, s.device.attn_eff_fwd, s.device.attn2_eff_fwd)
+                )
+        for seq in (2048, 16384):
+            assert effs["flash1", seq] == pytest.approx(attention.FLASH1_VS_FA2 * effs["flash2", seq], rel=1e-5)
+        assert effs["flash1", 16384] > effs["flash1", 2048]
+        slow = _step(catalog, cal, gpu=gpu, seq_len=16384, global_batch=8, attention="flash1")
+        assert slow > _step(catalog, cal, gpu=gpu, seq_len=16384, global_batch=8, attention="flash2")
+    assert float(attention.head_dim_factor(64.0, attention.FA1_SOFTMAX_COST)) == pytest.approx(1.0)
+
+
+def test_llm_foundrys_benchmark_runs_are_priced_with_its_triton_kernel():
+    from hetersim.fit.stacks import load_stacks, stack_for
+
+    row = stack_for("mosaicml/llm-foundry scripts/train/benchmarking/README.md", load_stacks())
+    assert row is not None and row.stack == "llm-foundry"
+    prof = stacks.profile("llm-foundry")
+    assert prof.attention == "flash1" and prof.elementwise == "fused"
+    assert "flash_attn_triton" in prof.sources["attention"]
+    v100 = "evaluate --model gpt3-1.3b --gpu v100-sxm-32gb --gpus 8 --global-batch 64 --precision fp16".split()
+    result = CliRunner().invoke(app, [*v100, "--attention", "flash1"])
+    assert result.exit_code == 2 and result.output.startswith("error: --attention flash1 cannot run on")
+
+
 def test_sliding_window_layers_run_attention_at_the_windowed_kernels_rate(catalog):
     """GPT-OSS's windowed layers (d 64, window 128) at seq 4096 on GB200 in BF16: the kernel runs
     at the rate of a 128-key call, within 45% of NVIDIA's cuDNN benchmark at that shape (161

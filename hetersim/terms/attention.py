@@ -22,6 +22,17 @@ The catalog gives each device's measured utilisation of its fused kernels (``att
   (:data:`FA2_SOFTMAX_COST`); on H100 cuDNN's forward loses 29% (559 -> 397, causal; FA3 paper
   forward figure, Dao-AILab/flash-attention assets/flash3_fp16_fwd.png @ 7ef2484), r = 353 —
   the catalog's ``attn_softmax_cost`` of Hopper-class devices, whose fastest kernel is cuDNN's.
+
+FlashAttention-1-class kernels (``attention = "flash1"``: the FlashAttention v1 CUDA kernels and
+their Triton port, Dao-AILab/flash-attention flash_attn/flash_attn_triton.py, which llm-foundry
+copied as llmfoundry/models/layers/flash_attn_triton.py and ran in its 2023 benchmark tables) run
+at :data:`FLASH1_VS_FA2` of the FlashAttention-2 rate at every sequence length. The same figures
+(forward + backward, causal, head dimension 128, seq 4k-16k) give FlashAttention-1 / -2 = 76/173,
+80/182, 83/189 on A100 and 126/294, 135/308, 137/328 on H100, and the Triton port / -2 = 74/173,
+78/182, 80/189 on A100: 0.42-0.44, 0.43 their middle. Their head-size dependence differs from
+FlashAttention-2's: at head dimension 64 the A100 figure gives FlashAttention-1 97 TFLOP/s against 83
+at 128 and the Triton port 80 against 80, so they lose nothing at the smaller head
+(:data:`FA1_SOFTMAX_COST` = 0).
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ S0_CAUSAL = 520.0
 REF_SEQ = 4096.0
 REF_HEAD_DIM = 128.0
 FA2_SOFTMAX_COST = 81.0
+FLASH1_VS_FA2 = 0.43
+FA1_SOFTMAX_COST = 0.0
 
 
 def seq_factor(keys_per_call):

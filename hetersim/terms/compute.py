@@ -207,10 +207,12 @@ def stack_fact(values, plan: Plan):
 
 def _kernel_ok(dev, code):
     """The device runs attention kernel ``code``: materialised everywhere, a fused kernel only
-    where the device has a measured utilisation for it (FlashAttention needs Ampere or newer)."""
+    where the device has a measured utilisation for it (FlashAttention needs Ampere or newer; a
+    FlashAttention-1-class kernel is priced from the FlashAttention-2 figure, so it needs that)."""
     fastest = jnp.minimum(dev.attn_eff_fwd, dev.attn_eff_bwd)
     fa2 = jnp.minimum(dev.attn2_eff_fwd, dev.attn2_eff_bwd)
-    return (code == Attention.MATERIALIZED) | (jnp.where(code == Attention.FLASH2, fa2, fastest) > 0)
+    fa2_based = (code == Attention.FLASH2) | (code == Attention.FLASH1)
+    return (code == Attention.MATERIALIZED) | (jnp.where(fa2_based, fa2, fastest) > 0)
 
 
 def resolve_kernels(dev, plan: Plan) -> Plan:
@@ -242,8 +244,12 @@ def _materialized(dev, plan):
 
 
 def _fused_eff(plan: Plan, fastest, fa2):
-    """Utilisation of the plan's fused attention kernel: the device's fastest, or FA2-class."""
-    return jnp.where(plan.attention_code == Attention.FLASH2, fa2, fastest)
+    """Utilisation of the plan's fused attention kernel: the device's fastest, FA2-class, or
+    FA1-class (a fixed share of FA2-class, :data:`hetersim.terms.attention.FLASH1_VS_FA2`)."""
+    code = plan.attention_code
+    return jnp.where(
+        code == Attention.FLASH2, fa2, jnp.where(code == Attention.FLASH1, attention.FLASH1_VS_FA2 * fa2, fastest)
+    )
 
 
 def attention_peak(dev, plan):
@@ -263,7 +269,9 @@ def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2, keys_per_call=Non
     step; a sliding-window layer's window) and the head size (:mod:`hetersim.terms.attention`);
     never above the peak."""
     ref = _fused_eff(plan, fastest, fa2)
-    cost = jnp.where(plan.attention_code == Attention.FLASH2, attention.FA2_SOFTMAX_COST, dev.attn_softmax_cost)
+    code = plan.attention_code
+    cost = jnp.where(code == Attention.FLASH2, attention.FA2_SOFTMAX_COST, dev.attn_softmax_cost)
+    cost = jnp.where(code == Attention.FLASH1, attention.FA1_SOFTMAX_COST, cost)
     keys = plan.seq_len / plan.cp if keys_per_call is None else keys_per_call
     shape = attention.seq_factor(keys) * attention.head_dim_factor(m.head_dim, cost)
     return jnp.minimum(ref * shape, 1.0)
