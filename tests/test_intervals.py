@@ -98,6 +98,18 @@ def test_out_of_evidence_device_stack_and_context_get_wider_intervals():
     assert hi1 - lo1 > hi0 - lo0
 
 
+def test_a_device_of_a_fitted_die_is_evidenced_by_it(catalog):
+    """A100 40 GB shares the fitted A100 80 GB's SMs, peak and measured efficiency, H200 the H100
+    SXM's: their compute is evidenced; a device whose efficiency is an estimate never is, and
+    a die with no fitted device (MI300X) is not."""
+    ev = Evidence(frozenset({"a100-sxm-80gb", "h100-sxm-80gb"}), frozenset({"megatron"}), 8192.0)
+    for key in ("a100-sxm-40gb", "h200-sxm-141gb", "a100-sxm-80gb"):
+        assert intervals.device_flag(key, catalog.gpu(key), ev) == 0.0, key
+    for key in ("h800", "h100-96gb-500w", "mi300x", "b200"):
+        assert intervals.device_flag(key, catalog.gpu(key), ev) == 1.0, key
+    assert intervals.device_flag("a100-sxm-40gb", catalog.gpu("a100-sxm-40gb"), EV) == 1.0
+
+
 def test_validate_reports_interval_and_coverage(catalog, cal):
     from hetersim import fit
 

@@ -9,7 +9,8 @@ turns that sample into an interval ``[low, high]`` on the step time.
 each relative to the rows *the fit had* (:class:`Evidence`), so that a held-out source's rows in
 the LOSO sample carry exactly the flags a new run would carry against the shipped fit:
 
-* ``device``: the fit had no row on this device, or its GEMM efficiency in the catalog is not a
+* ``device``: the fit had no row on this device nor on one of the same die (SMs, peak and
+  measured matmul efficiency: :func:`die`), or its GEMM efficiency in the catalog is not a
   measurement (its source does not start with "measured");
 * ``stack``: the run's software stack (:func:`stack_key`) is not one the fit had rows for;
 * ``long_context``: the sequence is longer than the longest the fit had;
@@ -33,6 +34,7 @@ inside its compiled chunk from plan fields and a per-device table; the fitted nu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -94,8 +96,29 @@ def device_measured(entry: Mapping[str, Any]) -> bool:
     return source.strip().lower().startswith("measured")
 
 
+def die(entry: Mapping[str, Any]) -> tuple[float, float, float]:
+    """A device's compute silicon as the model sees it: SMs, dense 16-bit peak and measured matmul
+    efficiency (A100 40 and 80 GB share it; so do H100 SXM and H200, whose catalog entries take
+    the one MAMF measurement of that die)."""
+    return tuple(float(entry.get(k, 0.0)) for k in ("sm_count", "peak_tflops_bf16", "gemm_eff_bf16"))  # type: ignore[return-value]
+
+
+@functools.cache
+def _fitted_dies(devices: frozenset[str]) -> frozenset[tuple[float, float, float]]:
+    """The dies of the fitted devices (packaged catalog entries) whose efficiency is measured."""
+    from ..catalog import load_catalog
+
+    gpus = load_catalog().gpus
+    return frozenset(die(gpus[k]) for k in devices if k in gpus and device_measured(gpus[k]))
+
+
 def device_flag(key: str, entry: Mapping[str, Any], evidence: Evidence) -> float:
-    return 0.0 if key in evidence.devices and device_measured(entry) else 1.0
+    """1 where the fit has no evidence of this device's compute: its efficiency is not a
+    measurement, or neither it nor a device of the same die (:func:`die`) had fitted rows; a
+    device that differs from a fitted one only in memory or links is evidenced by it."""
+    if not device_measured(entry):
+        return 1.0
+    return 0.0 if key in evidence.devices or die(entry) in _fitted_dies(evidence.devices) else 1.0
 
 
 def stack_flag(stack: Any, evidence: Evidence) -> float:
