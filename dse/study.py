@@ -79,6 +79,9 @@ class Study:
     gpus: dict[str, dict[str, Any]]  # key -> catalog entry with hardware.set applied
     links: dict[str, dict[str, Any]]
     scalars: dict[str, Any] = field(default_factory=dict)  # the plan scalars given (PLAN_SCALARS)
+    # The study catalog's memory devices and fleets (None: the packaged ones), for the host specs.
+    memory: dict[str, dict[str, Any]] | None = None
+    fleets: dict[str, dict[str, Any]] | None = None
     constraints: dict[str, float] = field(default_factory=dict)
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     description: str = ""
@@ -173,6 +176,8 @@ def _study(doc: Mapping[str, Any], text: str, origin: str, base: Path | None, ca
         models=models,
         gpus=gpus,
         links=dict(catalog.links),
+        memory=dict(catalog.memory),
+        fleets=dict(catalog.fleets),
         constraints=_constraints(origin, _table(origin, "constraints", doc.get("constraints"), required=False)),
         objectives=_objectives(origin, doc.get("objectives", list(DEFAULT_OBJECTIVES))),
         description=description,

@@ -176,7 +176,8 @@ def configure(
             message = "{0} options apply to one device kind; describe a mix's tiers with {1} files"
             raise FieldError(message, "cxl", "catalog")
         check_plan(groups, dict(resolved), hetero)
-        system = cluster_spec(groups, cat.links, hetero, list(layers_per_stage or ()) or None)
+        layers = list(layers_per_stage or ()) or None
+        system = cluster_spec(groups, cat.links, hetero, layers, memory=cat.memory, fleets=cat.fleets)
         mixed = _compiled("cluster")(m, system, plan_s, cal)
         rows = group_rows(groups, mixed, hetero)
         itv = step_time_interval(cat, [e for e, _ in groups], resolved, mixed.total.step_time_s)

@@ -147,11 +147,12 @@ def simulate_cluster(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cal: Ca
     )
 
 
-def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None) -> ClusterSpec:
+def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None, *, memory=None, fleets=None) -> ClusterSpec:
     """A :class:`ClusterSpec` from ``[(gpu_entry, count), ...]`` (host side, validated).
 
     ``layers_fixed`` gives the layers per stage of each group (pipeline mode) instead of the
-    balanced split.
+    balanced split; ``memory`` and ``fleets`` are a catalog's (the packaged ones when None), as
+    for :func:`hetersim.build.system_spec`.
     """
     import numpy as np
 
@@ -170,7 +171,7 @@ def cluster_spec(groups, links, mode: str = "pipeline", layers_fixed=None) -> Cl
         # Two kinds never share a scale-up (NVLink) domain: a group smaller than its kind's domain
         # has a domain of its own GPUs only, so traffic to the other kind crosses the scale-out NICs.
         domain = min(float(entry.get("scaleup_domain", 8)), float(count))
-        systems.append(build.system_spec(entry, links, scaleup_domain=domain))
+        systems.append(build.system_spec(entry, links, scaleup_domain=domain, memory=memory, fleets=fleets))
         counts.append(float(count))
     while len(systems) < MAX_GROUPS:
         systems.append(systems[0])

@@ -844,3 +844,40 @@ ENTRY %main.5 (Arg_0.1: f32[4]) -> f32[4] {
 """
     assert hlo_op_count(text) == (5, 2)
     assert hlo_op_count(text.replace("%", "")) == (5, 2)  # newer XLA prints names without %
+
+
+def test_a_study_catalogs_memory_devices_and_fleets_reach_the_sweep(tmp_path):
+    """A CXL device and a fleet defined in the study's own catalog file shape its hosts, in one
+    kind's systems and in a mix's (they were validated against that catalog, then built from the
+    packaged one: 'unknown cxl-expander')."""
+    fleet = {k: v for k, v in load_catalog().fleet("meta-llama3-h100").items() if k != "sources"}
+    fleet["restart_s"] = 1234.0
+    lines = [
+        "[memory.my-cxl-512]",
+        'name = "a 512 GiB CXL expander"',
+        'kind = "cxl-expander"',
+        "bw_GBps = 50.0",
+        "latency_ns = 250.0",
+        "capacity_GiB = 512.0",
+        'link = "cxl2-x8"',
+        "[memory.my-cxl-512.sources]",
+        'bw_GBps = "measured: Intel MLC"',
+        "[fleets.my-fleet]",
+        *(f"{k} = {json.dumps(v)}" for k, v in fleet.items()),
+        "[gpus.h100-sxm-80gb]",
+        'fleet = "my-fleet"',
+    ]
+    (tmp_path / "mine.toml").write_text("\n".join(lines) + "\n")
+    text = TINY.format(model="llama2-7b", tokens=1e11).replace("objectives =", 'catalog = ["mine.toml"]\nobjectives =')
+    text = text.replace("[plan]", '[hardware.set]\ncxl_expander = "my-cxl-512:2"\n\n[plan]')
+    (tmp_path / "s.toml").write_text(text)
+    space = sweep.space_from_study(load_study(tmp_path / "s.toml"))
+    host = space.systems.host
+    assert np.asarray(host.tier_capacity_GiB)[:, TIER.index("cxl-expander")].tolist() == [1024.0, 1024.0]
+    assert float(np.asarray(host.restart_s)[0]) == pytest.approx(1234.0)
+    mixed = text.replace(
+        'gpu = ["h100-sxm-80gb", "a100-sxm-80gb"]\nn_gpus = [8, 12]', 'cluster = ["h100-sxm-80gb:4,a100-sxm-80gb:4"]'
+    )
+    (tmp_path / "m.toml").write_text(mixed)
+    cluster = sweep.space_from_study(load_study(tmp_path / "m.toml")).cluster("h100-sxm-80gb:4,a100-sxm-80gb:4")
+    assert np.asarray(cluster.systems.host.tier_capacity_GiB)[0, TIER.index("cxl-expander")] == 1024.0

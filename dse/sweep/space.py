@@ -62,6 +62,8 @@ class Space:
     limits: tuple[float, ...] = ()
     clusters: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # mixes on the gpu axis
     hetero: str = "pipeline"
+    memory: dict[str, dict[str, Any]] | None = None  # the catalog's memory devices (None: packaged)
+    fleets: dict[str, dict[str, Any]] | None = None  # the catalog's fleets (None: packaged)
 
     def __post_init__(self) -> None:
         seen = [c for _, table in self.factors for c in table]
@@ -88,11 +90,15 @@ class Space:
         """One system per GPU kind, or one :class:`ClusterSpec` per mix when the study has mixes."""
         if self.clusters:
             return _stack([self.cluster(label) for label in self.clusters])
-        return _stack([build.system_spec(e, self.links) for e in self.gpu_entries.values()])
+        return _stack([self.system(k) for k in self.gpu_entries])
+
+    def system(self, key: str) -> SystemSpec:
+        """One GPU kind's specs, its host tiers and fleet from the study's catalog."""
+        return build.system_spec(self.gpu_entries[key], self.links, memory=self.memory, fleets=self.fleets)
 
     def cluster(self, label: str) -> ClusterSpec:
         groups = [(self.gpu_entries[k], c) for k, c in self.clusters[label]]
-        return cluster_spec(groups, self.links, self.hetero)
+        return cluster_spec(groups, self.links, self.hetero, memory=self.memory, fleets=self.fleets)
 
     @functools.cached_property
     def base_plan(self) -> Plan:
@@ -175,7 +181,7 @@ class Space:
         """The one-configuration specs of ``index``, built by :mod:`hetersim.build` from names
         (the second is a :class:`ClusterSpec`, for :func:`simulate_cluster`, in a study of mixes)."""
         model, gpu, kw = self.plan_kwargs(index)
-        system = self.cluster(gpu) if self.clusters else build.system_spec(self.gpu_entries[gpu], self.links)
+        system = self.cluster(gpu) if self.clusters else self.system(gpu)
         return build.model_spec(self.model_entries[model]), system, build.plan_spec(**kw)
 
 
@@ -241,6 +247,8 @@ def space_from_study(study: Study) -> Space:
         limits=tuple(study.constraints.values()),
         clusters=dict(study.clusters),
         hetero=study.hetero,
+        memory=study.memory,
+        fleets=study.fleets,
     )
 
 
