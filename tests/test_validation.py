@@ -300,3 +300,24 @@ def test_other_spellings_and_blank_defaults_read_as_the_schema(tmp_path, catalog
     bad = _runs_file(tmp_path, ["r043"], precision="int4")
     with pytest.raises(ValueError, match="r043"):
         fit.validate(fit.read_runs(bad), catalog, cal)
+
+
+def test_a_run_that_cannot_hold_its_logits_ran_a_chunked_loss(tmp_path, catalog, cal):
+    """Llama 3.1 8B fine-tuned at 128k tokens on one A100 40GB, every state offloaded: its
+    [tokens x vocab] logits alone exceed the card (131,072 x 128,256 x 6 bytes), so a row that
+    states no loss kernel is priced with the fused chunked one (and says so); a row that states
+    ``loss = materialized`` does not fit, one that states ``chunked`` is priced the same."""
+    one = dict(gpu="a100-sxm-40gb", n_gpus="1", tp="1", pp="1", vp="1", dp="1", cp="1", sp="0", zero="0",
+               offload="optimizer+grads+params+activations", offload_tier="host-dram", recompute="full",
+               micro_batch="1", global_batch="1", seq_len="131072", precision="bf16", scaleup_domain="8",
+               source="a single-GPU long-context fine-tuning table", notes="", assumed="")  # fmt: skip
+    plain = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r089"], **one)), catalog, cal)["rows"][0]
+    assert plain["feasible"] and "loss=chunked" in plain["substituted"]
+    held = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r089"], **one, loss="materialized")), catalog, cal)
+    assert not held["rows"][0]["feasible"]
+    fused = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r089"], **one, loss="chunked")), catalog, cal)
+    row = fused["rows"][0]
+    assert row["feasible"] and "loss" not in row["substituted"]
+    assert row["predicted_step_time_s"] == pytest.approx(plain["predicted_step_time_s"])
+    with pytest.raises(ValueError, match="column loss must be one of"):
+        fit.validate(fit.read_runs(_runs_file(tmp_path, ["r089"], **one, loss="fused")), catalog, cal)

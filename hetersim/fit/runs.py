@@ -167,6 +167,7 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         recompute=_category(row, "recompute", "none"),
         precision=_category(row, "precision", "bf16"),
         attention=_attention(row, gpu, path),
+        loss=_loss(row, path),
         offload=offload,
         reuse_Mparams=row.stack.zero3_reuse_Mparams if row.stack is not None else 0.0,
         zero3_prefetch=row.stack.zero3_prefetch if row.stack is not None else True,
@@ -301,6 +302,16 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     return "flash"
 
 
+def _loss(row: Row, path) -> str:
+    """The row's optional ``loss`` column (materialized | chunked), else ``auto``: its stack's."""
+    value = (row.fields.get("loss") or "").strip().lower()
+    if not value:
+        return "auto"
+    if value not in LOSS_KERNELS:
+        raise ValueError(f"{path}: row {row.id}: column loss must be one of {', '.join(LOSS_KERNELS)}; got {value!r}")
+    return value
+
+
 def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs", model=None) -> tuple[float, str]:
     """The row's measured step time and how it was obtained ("step", "tokens" or "mfu");
     ``model`` is the row's model spec where the caller has built it."""
@@ -356,6 +367,11 @@ def row_system(row: Row | None, inputs: Mapping[str, Any], catalog, path, cxl: M
 # module (what 16 of the 19 Megatron-Bridge DeepSeek-V3 presets behind moe_run_configs.csv
 # recompute) comes between selective and full: it stores less than the first, more than the second.
 ALTERNATIVES = {"recompute": ("none", "selective", "full")}
+# A row that states no loss kernel ran one: where none of its variants fits with every logit held
+# (its stack's loss kernel being the materialized one), it fused the loss with the LM head over
+# chunks of tokens (Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy),
+# as every single-GPU long-context stack does, and validate tries that last.
+LOSS_KERNELS = ("materialized", "chunked")
 
 
 def candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -386,6 +402,8 @@ def candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     while whole and micro > 1 and micro % 2 == 0:
         micro //= 2
         out += variants(dict(plan, micro_batch=micro))
+    if plan["loss"] == "auto":  # no loss kernel stated (LOSS_KERNELS): chunked, tried last
+        out += [dict(c, loss="chunked") for c in out]
     return out
 
 
