@@ -310,7 +310,7 @@ FIELDS: tuple[PlanField, ...] = (
         "loss",
         "choice",
         Loss.AUTO.label,
-        "loss kernel (all logits, chunked fused cross-entropy, or auto: the stack's)",
+        "loss kernel (all logits, chunked or one-pass fused cross-entropy, or auto: the stack's)",
         label="loss",
         axis=True,
         options=Loss,

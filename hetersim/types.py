@@ -86,15 +86,18 @@ class Attention(Choice):
 # The loss kernel: "materialized" computes the LM head's logits for every token and runs the
 # cross-entropy over an fp32 copy (Megatron's vocab-parallel cross-entropy); "chunked" fuses the
 # LM head GEMM and the cross-entropy over chunks of tokens and never holds all the logits
-# (Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy).
+# (Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy); "fused" holds
+# every logit in 16 bits and runs the cross-entropy in one kernel that writes the gradient in
+# place, with no fp32 copy (flash-attn's xentropy CrossEntropyLoss, llm-foundry's MPT default).
 # "auto": the plan's software stack's loss kernel.
-LossName = Literal["materialized", "chunked", "auto"]
+LossName = Literal["materialized", "chunked", "auto", "fused"]
 
 
 class Loss(Choice):
     MATERIALIZED = 0
     CHUNKED = 1
     AUTO = 2
+    FUSED = 3
 
 
 # The dtype gradients cross the data-parallel collectives in: "auto" the stack's and the plan's

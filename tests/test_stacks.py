@@ -59,7 +59,7 @@ def test_the_same_layout_under_two_stacks_gives_two_cited_answers():
     assert "stack: torchtitan" in text and "element-wise eager" in text
 
 
-@pytest.mark.parametrize("flag, value", [("--stack", "nemo-9"), ("--attention", "flash4"), ("--loss", "fused")])
+@pytest.mark.parametrize("flag, value", [("--stack", "nemo-9"), ("--attention", "flash4"), ("--loss", "sampled")])
 def test_an_unknown_stack_or_kernel_is_refused(flag, value):
     result = CliRunner().invoke(app, [*EVAL, flag, value])
     assert result.exit_code == 2

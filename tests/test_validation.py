@@ -320,4 +320,4 @@ def test_a_run_that_cannot_hold_its_logits_ran_a_chunked_loss(tmp_path, catalog,
     assert row["feasible"] and "loss" not in row["substituted"]
     assert row["predicted_step_time_s"] == pytest.approx(plain["predicted_step_time_s"])
     with pytest.raises(ValueError, match="column loss must be one of"):
-        fit.validate(fit.read_runs(_runs_file(tmp_path, ["r089"], **one, loss="fused")), catalog, cal)
+        fit.validate(fit.read_runs(_runs_file(tmp_path, ["r089"], **one, loss="sampled")), catalog, cal)

@@ -303,7 +303,7 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
 
 
 def _loss(row: Row, path) -> str:
-    """The row's optional ``loss`` column (materialized | chunked), else ``auto``: its stack's."""
+    """The row's optional ``loss`` column (:data:`LOSS_KERNELS`), else ``auto``: its stack's."""
     value = (row.fields.get("loss") or "").strip().lower()
     if not value:
         return "auto"
@@ -371,7 +371,7 @@ ALTERNATIVES = {"recompute": ("none", "selective", "full")}
 # (its stack's loss kernel being the materialized one), it fused the loss with the LM head over
 # chunks of tokens (Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy),
 # as every single-GPU long-context stack does, and validate tries that last.
-LOSS_KERNELS = ("materialized", "chunked")
+LOSS_KERNELS = ("materialized", "fused", "chunked")
 
 
 def candidates(row: Row, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:

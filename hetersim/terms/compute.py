@@ -439,8 +439,10 @@ def head_s(dev, cal, m, plan):
     g = gemm_s(dev, cal, plan, T, V / t, h)
     g = g + gemm_s(dev, cal, plan, T, h, V / t) + gemm_s(dev, cal, plan, h, V / t, T)
     # The chunked fused loss reads each chunk's 16-bit logits once and writes their gradient in
-    # place (Liger-Kernel's fused linear cross-entropy): 4 bytes per logit instead of 20.
-    loss_bytes = jnp.where(plan.loss_code == Loss.CHUNKED, 4.0, 20.0)
+    # place (Liger-Kernel's fused linear cross-entropy): 4 bytes per logit instead of 20; the
+    # one-pass fused loss does the same over all of them (flash-attn's xentropy kernel).
+    one_pass = (plan.loss_code == Loss.CHUNKED) | (plan.loss_code == Loss.FUSED)
+    loss_bytes = jnp.where(one_pass, 4.0, 20.0)
     loss = stream_s(dev, cal, T * V / t * loss_bytes, 4.0)
     embed = stream_s(dev, cal, 3.0 * T * h * act_bytes(plan), 2.0)
     return g + loss + embed

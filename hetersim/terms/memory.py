@@ -288,11 +288,14 @@ def loss_chunk_tokens(m: ModelSpec, plan: Plan):
 
 def buffer_bytes(m: ModelSpec, plan: Plan, logits_on=1.0):
     """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy
-    works in, its gradient computed in place; one chunk's under the chunked loss) on the last
+    works in, its gradient computed in place; one chunk's under the chunked loss, no fp32 copy
+    under the one-pass fused loss) on the last
     stage, two gathered layers and one layer's unsharded gradients under ZeRO-3 (the one
     computing and the one prefetched), and the runtime's reserve. ``logits_on`` 0: a stage
     without the LM head."""
-    logits = logits_on * (2.0 + 4.0) * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
+    # The one-pass fused loss keeps only the 16-bit logits (its gradient written in place).
+    per_logit = jnp.where(plan.loss_code == Loss.FUSED, 2.0, 2.0 + 4.0)
+    logits = logits_on * per_logit * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
     # ZeRO-3 / FSDP: the layer computing and the one prefetched, gathered in 16 bits, and the
     # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
     gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)
