@@ -304,3 +304,36 @@ def test_a_model_id_reads_through_autoconfig_from_the_hub_cache(tmp_path):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     lines = missing.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "no-such-org/no-such-model" in lines[0]
+
+
+# mosaicml/mpt-7b config.json (Hugging Face, transformers 4.28 era): MosaicML's own keys.
+MPT_7B = {
+    "architectures": ["MPTForCausalLM"],
+    "model_type": "mpt",
+    "d_model": 4096,
+    "n_heads": 32,
+    "n_layers": 32,
+    "expansion_ratio": 4,
+    "max_seq_len": 2048,
+    "vocab_size": 50432,
+    "no_bias": True,
+    "norm_type": "low_precision_layernorm",
+    "learned_pos_emb": True,
+    "attn_config": {"alibi": True, "attn_impl": "torch", "attn_type": "multihead_attention"},
+}
+
+
+@pytest.mark.parametrize("reader", ["transformers", "plain"])
+def test_an_mpt_config_reads_with_mosaicmls_keys(tmp_path, reader, request):
+    """MPT-7B (the model card: 6.7B parameters): d_model 4096, 32 heads and layers, a GELU MLP of
+    expansion_ratio x d_model, 2048 tokens, the embedding tied to the LM head; read from its own
+    keys with or without transformers' MptConfig."""
+    if reader == "plain":
+        request.getfixturevalue("no_transformers")
+    entry = model_from_hf_config(write(tmp_path / "mpt-7b", MPT_7B))
+    shape = {k: entry[k] for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "mlp", "seq_len")}
+    assert shape == dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=16384, vocab=50432, mlp="plain",
+                         seq_len=2048)  # fmt: skip
+    assert entry["tied_embeddings"] is True
+    # 32 x (4 x 4096^2 attention + 2 x 4096 x 16384 MLP + 2 norms) + 50,432 x 4096 + the final norm.
+    assert params(entry) == 32 * (4 * 4096**2 + 2 * 4096 * 16384 + 2 * 4096) + 50432 * 4096 + 4096

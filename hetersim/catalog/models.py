@@ -231,12 +231,12 @@ def _class_view(raw: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
 # The shape of the model: read from the file (under any of its class's names), never a class
 # default -- a config without its width is refused, not given Llama-7B's.
 _FROM_THE_FILE = (
-    ("hidden_size", "n_embd"),
-    ("num_attention_heads", "n_head"),
-    ("num_hidden_layers", "n_layer"),
+    ("hidden_size", "n_embd", "d_model"),
+    ("num_attention_heads", "n_head", "n_heads"),
+    ("num_hidden_layers", "n_layer", "n_layers"),
     ("intermediate_size", "n_inner"),
     ("vocab_size",),
-    ("max_position_embeddings", "n_positions", "n_ctx"),
+    ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
 )
 
 
@@ -257,19 +257,21 @@ def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: st
         config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}
     _refuse_unmodelled(config, origin)
     model_type = str(config.get("model_type", ""))
-    hidden = get("hidden_size", "n_embd")
-    heads = get("num_attention_heads", "n_head")
+    hidden = get("hidden_size", "n_embd", "d_model")  # d_model, n_heads, n_layers: MosaicML's MPT
+    heads = get("num_attention_heads", "n_head", "n_heads")
     activation = str(config.get("hidden_activation") or config.get("hidden_act", "")).lower()
     gated = model_type in _GATED_TYPES or activation in _GATED_ACTIVATIONS
     is_gpt2_style = "n_embd" in raw and "hidden_size" not in raw
     ffn_default = 4 * hidden if is_gpt2_style and _is_number(hidden) else None
+    if model_type == "mpt" and _is_number(hidden):  # MPTMLP: up_proj to expansion_ratio x d_model, GELU
+        ffn_default = int(config.get("expansion_ratio", 4) * hidden)
     seq_len, seq_note = _training_seq_len(config, get)
     entry: Entry = {
         "name": name,
-        "layers": get("num_hidden_layers", "n_layer"),
+        "layers": get("num_hidden_layers", "n_layer", "n_layers"),
         "hidden": hidden,
         "heads": heads,
-        "kv_heads": get("num_key_value_heads", default=heads),
+        "kv_heads": get("num_key_value_heads", default=(config.get("attn_config") or {}).get("kv_n_heads") or heads),
         "ffn_hidden": get("intermediate_size", "n_inner", default=ffn_default),
         "vocab": get("vocab_size"),
         "mlp": "gated" if gated else "plain",
@@ -354,7 +356,7 @@ def _training_seq_len(config: dict[str, Any], get) -> tuple[Any, str]:
         if isinstance(scaling, dict) and _is_number(scaling.get("original_max_position_embeddings")):
             value = scaling["original_max_position_embeddings"]
             return value, f"seq_len {value} from {key}.original_max_position_embeddings (pre-training context)"
-    longest = get("max_position_embeddings", "n_positions", "n_ctx")
+    longest = get("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
     if _is_number(longest) and longest > HF_TRAINING_SEQ_LEN_CAP:
         note = f"seq_len {HF_TRAINING_SEQ_LEN_CAP}: the config's {longest} capped at the training default"
         return HF_TRAINING_SEQ_LEN_CAP, note
