@@ -205,14 +205,22 @@ def stack_fact(values, plan: Plan):
     return out
 
 
+def _kernel_eff(code, fastest, fa2):
+    """Reference utilisation of fused attention kernel ``code`` from the device's figures: its
+    fastest kernel's, the FA2-class figure, or for FA1-class kernels a fixed share of that
+    (:data:`hetersim.terms.attention.FLASH1_VS_FA2`)."""
+    return jnp.where(
+        code == Attention.FLASH2, fa2, jnp.where(code == Attention.FLASH1, attention.FLASH1_VS_FA2 * fa2, fastest)
+    )
+
+
 def _kernel_ok(dev, code):
     """The device runs attention kernel ``code``: materialised everywhere, a fused kernel only
-    where the device has a measured utilisation for it (FlashAttention needs Ampere or newer; a
-    FlashAttention-1-class kernel is priced from the FlashAttention-2 figure, so it needs that)."""
+    where the device has a measured utilisation for it (FlashAttention needs Ampere or newer), in
+    both passes."""
     fastest = jnp.minimum(dev.attn_eff_fwd, dev.attn_eff_bwd)
     fa2 = jnp.minimum(dev.attn2_eff_fwd, dev.attn2_eff_bwd)
-    fa2_based = (code == Attention.FLASH2) | (code == Attention.FLASH1)
-    return (code == Attention.MATERIALIZED) | (jnp.where(fa2_based, fa2, fastest) > 0)
+    return (code == Attention.MATERIALIZED) | (_kernel_eff(code, fastest, fa2) > 0)
 
 
 def resolve_kernels(dev, plan: Plan) -> Plan:
@@ -243,15 +251,6 @@ def _materialized(dev, plan):
     return ~_kernel_ok(dev, plan.attention_code) | (plan.attention_code == Attention.MATERIALIZED)
 
 
-def _fused_eff(plan: Plan, fastest, fa2):
-    """Utilisation of the plan's fused attention kernel: the device's fastest, FA2-class, or
-    FA1-class (a fixed share of FA2-class, :data:`hetersim.terms.attention.FLASH1_VS_FA2`)."""
-    code = plan.attention_code
-    return jnp.where(
-        code == Attention.FLASH2, fa2, jnp.where(code == Attention.FLASH1, attention.FLASH1_VS_FA2 * fa2, fastest)
-    )
-
-
 def attention_peak(dev, plan):
     """The rate a fused attention kernel's utilisation applies to: the 16-bit tensor-core peak
     (the kernels are measured in bf16; fp16 where the device has no bf16; FP8 runs keep 16-bit
@@ -268,7 +267,7 @@ def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2, keys_per_call=Non
     shape, moved by the keys per kernel call (``s / cp``: ring attention runs one call per ring
     step; a sliding-window layer's window) and the head size (:mod:`hetersim.terms.attention`);
     never above the peak."""
-    ref = _fused_eff(plan, fastest, fa2)
+    ref = _kernel_eff(plan.attention_code, fastest, fa2)
     code = plan.attention_code
     cost = jnp.where(code == Attention.FLASH2, attention.FA2_SOFTMAX_COST, dev.attn_softmax_cost)
     cost = jnp.where(code == Attention.FLASH1, attention.FA1_SOFTMAX_COST, cost)
