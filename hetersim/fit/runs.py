@@ -287,13 +287,8 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     """The row's optional ``attention`` column, else its stack's attention kernel, else ``flash``;
     ``materialized`` on devices without flash-attention kernels (V100: FlashAttention needs
     Ampere or newer)."""
-    value = (row.fields.get("attention") or "").strip().lower()
-    if value in ATTENTION_KINDS:  # moe_runs.csv: the attention architecture, not a kernel
-        value = ""
+    value = _kernel_column(row, "attention", ATTENTION, path, ignore=ATTENTION_KINDS)
     if value:
-        if value not in ATTENTION:
-            allowed = ", ".join(ATTENTION)
-            raise ValueError(f"{path}: row {row.id}: column attention must be one of {allowed}; got {value!r}")
         return value
     if not gpu.get("flash_attention", True):
         return "materialized"
@@ -304,11 +299,17 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
 
 def _loss(row: Row, path) -> str:
     """The row's optional ``loss`` column (:data:`LOSS_KERNELS`), else ``auto``: its stack's."""
-    value = (row.fields.get("loss") or "").strip().lower()
-    if not value:
-        return "auto"
-    if value not in LOSS_KERNELS:
-        raise ValueError(f"{path}: row {row.id}: column loss must be one of {', '.join(LOSS_KERNELS)}; got {value!r}")
+    return _kernel_column(row, "loss", LOSS_KERNELS, path) or "auto"
+
+
+def _kernel_column(row: Row, col: str, allowed: Sequence[str], path, ignore: Sequence[str] = ()) -> str:
+    """The row's optional kernel column ``col``, lower-case, or "" where it is empty or one of
+    ``ignore``; a one-line ``ValueError`` naming the row and column for any value not ``allowed``."""
+    value = (row.fields.get(col) or "").strip().lower()
+    if not value or value in ignore:
+        return ""
+    if value not in allowed:
+        raise ValueError(f"{path}: row {row.id}: column {col} must be one of {', '.join(allowed)}; got {value!r}")
     return value
 
 
