@@ -467,12 +467,11 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
     kinds = list(kinds) if kinds is not None else used_kinds  # a fixed order batches plans alike
     cluster = cluster or hplan.gpus()
     systems = []
+    memory, fleets = catalog.memory, catalog.fleets
     for k in kinds:
         entry = catalog.gpu(k)
         domain = min(float(entry.get("scaleup_domain", 8)), float(cluster.get(k, 1)))
-        memory, fleets = catalog.memory, catalog.fleets
-        spec = build.system_spec(entry, catalog.links, scaleup_domain=domain, memory=memory, fleets=fleets)
-        systems.append(spec)
+        systems.append(build.system_spec(entry, catalog.links, scaleup_domain=domain, memory=memory, fleets=fleets))
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *systems)
     link_bw = link_lat = 0.0
     if hplan.link:
