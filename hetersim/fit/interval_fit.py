@@ -39,18 +39,18 @@ def fit_from_runs(runs_path: str | Path | None = None, catalog=None, steps: int 
     fold_evidence = {lab: evidence_of(pb.rows, pb.feasible & (labels != lab)) for lab in dict.fromkeys(labels)}
     flags = row_flags(pb.rows, pb.catalog, [fold_evidence[lab] for lab in labels])
     deployed = evidence_of(pb.rows, pb.feasible)
-    model = fit_intervals(e, flags, deployed, k)
+    model = fit_intervals(e, flags, deployed, labels, k)
     loso = np.zeros(len(e), bool)
     for lab in fold_evidence:
         mask = labels == lab
-        fold_model = fit_intervals(e[~mask], _subset(flags, ~mask), deployed, k)
+        fold_model = fit_intervals(e[~mask], _subset(flags, ~mask), deployed, labels[~mask], k)
         loso[mask] = covered(fold_model, e[mask], _subset(flags, mask))
     in_sample = covered(model, e, flags)
     meta = {
         "date": calibration.today(),
         "data": pb.path.name,
         "level": LEVEL,
-        "k_pseudo_rows": k,
+        "k_pseudo_sources": k,
         "steps": steps,
         "n_runs": len(e),
         "n_residuals": int(np.isfinite(e).sum()),
@@ -72,6 +72,6 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     return {
         **result["meta"],
         "base": {"n": m.n_base, "center": m.center, "q_lo": m.q_lo, "q_hi": m.q_hi, "s0": m.s0},
-        "classes": {f: {"n": m.n[f], "shift": m.shift[f], "extra_var": m.extra_var[f]} for f in FLAGS},
+        "classes": {f: {"n": m.n[f], "sources": m.sources[f], "extra_var": m.extra_var[f]} for f in FLAGS},
         "per_source": result["per_source"],
     }
