@@ -213,6 +213,36 @@ def test_deepspeed_zero3_regathers_what_it_releases():
         build.plan_spec(reuse_Mparams=-1.0, **kw)
 
 
+def test_deepspeed_zero3_holds_a_linear_and_a_reduce_bucket_not_a_layer(catalog, cal):
+    """GPT 530B under ZeRO-3, fp16: FSDP holds two gathered layers and a layer of gradients,
+    5.033e9 x (2 + 2 + 2) bytes; DeepSpeed the 1.678e9-weight first MLP matrix (h x 4h), the
+    0.5e9 weights it keeps for reuse (half its 1e9 reuse distance) and its 5e7 prefetch bucket in
+    fp16, and a 5e8 reduce bucket with that matrix's gradients arriving whole. Narayanan et al.
+    ran it at micro-batch 4 on 640 80 GB A100s; whole layers would not fit."""
+    import jax
+
+    from hetersim.simulate import simulate
+    from hetersim.terms import flops, memory
+
+    sim = jax.jit(simulate)
+    gpt = dict(layers=105, hidden=20480, heads=128, kv_heads=128, ffn_hidden=81920, vocab=51200, mlp="plain")
+    m = build.model_spec(gpt)
+    kw = dict(n_gpus=640, tp=1, pp=1, zero=3, micro_batch=4, global_batch=2560, seq_len=2048, precision="fp16")
+    layer, big = 12 * 20480**2 + 2 * 20480, 4 * 20480**2
+    fsdp = build.plan_spec(recompute="full", **kw)
+    ds = build.plan_spec(recompute="full", reuse_Mparams=1000.0, **kw)
+    assert float(memory.largest_matrix_params(m)) == pytest.approx(big, rel=1e-6)
+    assert float(memory.zero3_gathered_bytes(m, fsdp)) == pytest.approx(layer * 6.0, rel=1e-5)
+    assert float(memory.zero3_gathered_bytes(m, ds)) == pytest.approx((big + 5.5e8) * 2 + (big + 5e8) * 2, rel=1e-5)
+    s = build.system_spec(catalog.gpu("a100-sxm-80gb"), catalog.links, 8, catalog.memory)
+    assert int(sim(m, s, ds, cal).infeasible) == 0
+    assert int(sim(m, s, fsdp, cal).infeasible) != 0
+    # A small layer is held whole either way, never more than two layers gathered and one of gradients.
+    llama = build.model_spec(dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000))
+    p7 = float(flops.layer_params(llama))
+    assert float(memory.zero3_gathered_bytes(llama, ds)) == pytest.approx(p7 * 6.0, rel=1e-5)
+
+
 @pytest.mark.parametrize("attention", ["materialized", "flash"])
 def test_selective_recompute_rebuilds_what_it_did_not_store(catalog, cal, attention):
     # Korthikanti et al. 2022 §5: selective recomputation drops the attention core's activations

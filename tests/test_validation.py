@@ -32,7 +32,9 @@ def test_step_time_error_is_bounded(report):
         f"\nMAPE all {report['mape_step_time_pct']:.1f}%  complete rows {report['mape_step_time_pct_complete']:.1f}%"
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
-    assert report["mape_step_time_pct"] <= 10.0
+    # 8.5% since DeepSpeed's ZeRO-3 holds a Linear and a reduce bucket, not whole layers
+    # (memory.zero3_gathered_bytes): Narayanan's 530B run fits at its own micro-batch 4 (8.9% before).
+    assert report["mape_step_time_pct"] <= 9.0
     # 3.3% since the constants are fitted per source (Narayanan's PTD-P runs, the complete ones,
     # carry 1/9 of the weight instead of 16/78); the issue's target is 10%.
     assert report["mape_step_time_pct_complete"] <= 3.5
@@ -40,8 +42,8 @@ def test_step_time_error_is_bounded(report):
     # Every row within 37% (the issue's target is 25%). The worst are torchtitan's context-parallel
     # runs at 131k-262k tokens (cp 4-8), predicted 33-36% fast since attention's utilisation rises
     # with the keys per call (terms/attention.py): something of PyTorch's ring attention that the
-    # model does not price (cp 1-2 rows of the same table are within 7%); then Narayanan's ZeRO-3
-    # runs on up to 2240 GPUs (-30%).
+    # model does not price (cp 1-2 rows of the same table are within 9%); then the NeMo-Launcher
+    # 175B run (-27%) and Narayanan's ZeRO-3 530B run on 2240 GPUs (+27%).
     assert report["max_abs_error_pct"] <= 37.0
 
 
@@ -52,7 +54,7 @@ def test_step_time_error_is_bounded(report):
         # collectives in full, as that stack did (4.5% when a fitted share of them was hidden for
         # every stack); the trust issue's target is 4%.
         ("Korthikanti 2022", 5.5),
-        ("Narayanan SC'21", 9.5),
+        ("Narayanan SC'21", 6.5),  # 5.7% (7.3% with whole ZeRO-3 layers in HBM)
         ("NVIDIA/Megatron-LM", 12.5),
         ("NVIDIA/NeMo", 6.5),  # 6.0% (5.1% before the stack profiles and attention by shape)
         # 13.9%: the context-parallel rows at 131k-262k tokens (test_step_time_error_is_bounded).
@@ -208,7 +210,7 @@ def test_leave_one_source_out_error_is_bounded(catalog, held_out):
 
     cv = cross_validate(catalog=catalog, steps=300, held=held_out)
     print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
-    assert cv["mape_step_time_pct"] <= 12.0
+    assert cv["mape_step_time_pct"] <= 9.5  # 9.13% (9.44% with whole ZeRO-3 layers in HBM)
     assert cv["per_source"]["Korthikanti 2022"]["mape_pct"] <= 8.0
 
 
@@ -227,15 +229,19 @@ def test_source_weights_give_every_source_the_same_total_weight():
 
 
 def test_whole_local_batch_is_split_when_it_does_not_fit(tmp_path, catalog, cal):
-    # Narayanan's 530B ZeRO-3 run on 640 GPUs gives only the global batch (2560, 4 per GPU):
-    # four sequences at once do not fit in 80 GB, so validate runs gradient accumulation over
-    # smaller micro-batches and reports the substitution.
-    path = _runs_file(tmp_path, ["r013"])
+    # Narayanan's 530B ZeRO-3 run on 640 GPUs gives only the global batch (2560, 4 per GPU), and
+    # four sequences at once fit in 80 GB; twice the batch, 8 per GPU as one micro-batch, do not,
+    # so validate runs gradient accumulation over smaller micro-batches and reports it.
+    path = _runs_file(tmp_path, ["r013"], global_batch="5120", micro_batch="8")
     row = fit.validate(fit.read_runs(path), catalog, cal)["rows"][0]
     assert row["feasible"]
-    assert "micro_batch=2" in row["substituted"] or "micro_batch=1" in row["substituted"]
+    assert "micro_batch=4" in row["substituted"] or "micro_batch=2" in row["substituted"]
+    assert (
+        "micro_batch"
+        not in fit.validate(fit.read_runs(_runs_file(tmp_path, ["r013"])), catalog, cal)["rows"][0]["substituted"]
+    )
     # A row whose micro-batch is not the whole local batch is never split.
-    fixed = _runs_file(tmp_path, ["r013"], global_batch="5120")
+    fixed = _runs_file(tmp_path, ["r013"], global_batch="10240", micro_batch="8")
     row2 = fit.validate(fit.read_runs(fixed), catalog, cal)["rows"][0]
     assert "micro_batch" not in row2["substituted"]
 

@@ -286,19 +286,51 @@ def loss_chunk_tokens(m: ModelSpec, plan: Plan):
     return jnp.where(plan.loss_code == Loss.CHUNKED, jnp.minimum(chunk, T), T)
 
 
+# DeepSpeed ZeRO-3 gathers the weights of one sub-module (a Linear) at a time and frees them after
+# use unless they are used again within stage3_max_reuse_distance parameters (the plan's
+# reuse_Mparams), prefetching stage3_prefetch_bucket_size (5e7) ahead; each gradient waits in a
+# reduce bucket of reduce_bucket_size (5e8) elements for its reduce-scatter
+# (deepspeedai/DeepSpeed deepspeed/runtime/zero/stage3.py @ 4601885 fetch_sub_module /
+# release_sub_module / _keep_for_later; defaults in deepspeed/runtime/zero/constants.py there and
+# deepspeed/runtime/zero/config.py @ edaa72212).
+DS_PREFETCH_PARAMS = 5e7
+DS_REDUCE_BUCKET_PARAMS = 5e8
+
+
+def largest_matrix_params(m: ModelSpec):
+    """Parameters of a dense layer's largest weight matrix, as the stacks build it: the fused QKV
+    projection ``h x (q + 2 kv)`` or the MLP's first one (``h x 2f``, gate and up fused, under
+    SwiGLU; ``h x f`` plain)."""
+    return jnp.maximum(m.hidden * (q_width(m) + 2.0 * kv_width(m)), m.hidden * m.ffn_hidden * (1.0 + m.gated))
+
+
+def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
+    """ZeRO-3's gathered weights and unsharded gradients per GPU. FSDP (``reuse_Mparams`` 0) gathers
+    a whole layer: the one computing and the one prefetched, in 16 bits, and the computing layer's
+    gradients, the reduce-scatter's input, in the reduction dtype. DeepSpeed (``reuse_Mparams`` >
+    0) holds the matrix computing (at most the largest), the weights it keeps for a use within
+    the reuse distance (those within half of it of their reuse, as :func:`zero3_regather` counts
+    them) and the prefetch bucket, never more than two layers; and a reduce bucket of gradients
+    with the largest matrix's arriving whole, never more than a layer's."""
+    layer, big = layer_params(m) / plan.tp, largest_matrix_params(m) / plan.tp
+    fsdp = layer * (2.0 * WEIGHT_BYTES + grad_bytes(plan))
+    live = jnp.minimum(big + 0.5 * plan.reuse_Mparams * 1e6 + DS_PREFETCH_PARAMS, 2.0 * layer)
+    grads = jnp.minimum(big + DS_REDUCE_BUCKET_PARAMS, layer)
+    deepspeed = live * WEIGHT_BYTES + grads * grad_bytes(plan)
+    return jnp.where(plan.reuse_Mparams > 0, deepspeed, fsdp)
+
+
 def buffer_bytes(m: ModelSpec, plan: Plan, logits_on=1.0):
     """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy
     works in, its gradient computed in place; one chunk's under the chunked loss, no fp32 copy
     under the one-pass fused loss) on the last
-    stage, two gathered layers and one layer's unsharded gradients under ZeRO-3 (the one
-    computing and the one prefetched), and the runtime's reserve. ``logits_on`` 0: a stage
+    stage, ZeRO-3's gathered weights and unsharded gradients (:func:`zero3_gathered_bytes`), and
+    the runtime's reserve. ``logits_on`` 0: a stage
     without the LM head."""
     # The one-pass fused loss keeps only the 16-bit logits (its gradient written in place).
     per_logit = jnp.where(plan.loss_code == Loss.FUSED, 2.0, 2.0 + 4.0)
     logits = logits_on * per_logit * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
-    # ZeRO-3 / FSDP: the layer computing and the one prefetched, gathered in 16 bits, and the
-    # computing layer's unsharded gradients, the reduce-scatter's input, in the reduction dtype.
-    gathered = jnp.where(plan.zero >= 3, layer_params(m) / plan.tp * (2.0 * WEIGHT_BYTES + grad_bytes(plan)), 0.0)
+    gathered = jnp.where(plan.zero >= 3, zero3_gathered_bytes(m, plan), 0.0)
     # MoE: the dispatch's receive buffer and the combine's send buffer of the routed token copies.
     dispatch = 0.0 if m.extra is None else jnp.where(plan.ep > 1, 2.0 * moe.dispatch_bytes(m, plan), 0.0)
     return logits + gathered + dispatch + RUNTIME_RESERVED_GiB * GiB
