@@ -34,7 +34,7 @@ Why no shift: the sources of a class disagree in sign (held out, torchtitan runs
 than predicted and the DeepSpeed run 11% faster, both of them "stack without fitted rows"), and
 llm-foundry's 216 published MPT runs, under a stack the fit had no rows for, are 7% *faster* than
 predicted. A median shift taken over rows was one source's bias applied to every unfitted stack:
-it put 40% of those runs inside their intervals; this model puts 85% (``benchmarks/
+it put 40% of those runs inside their intervals; this model puts 82% (``benchmarks/
 foundry_tables.py``, a check, never a fit). With one to four sources per class, a class's
 direction is not identifiable from the data; its magnitude is.
 
@@ -59,7 +59,8 @@ LEVEL = 0.8  # the interval's nominal coverage
 QUANTILES = (0.1, 0.9)  # its empirical quantiles of the base residuals
 # Pseudo-sources of prior per class: a class seen in G held-out sources weighs G / (G + K_PSEUDO).
 # A design choice, not a fit: one source of evidence weighs as much as the prior (K_PSEUDO = 2
-# gives LOSO coverage 74.4% and 84% on llm-foundry's runs against 73.1% / 85% at 1).
+# gave LOSO coverage 74.4% and 84% on llm-foundry's runs against 73.1% / 85% at 1, before the
+# DeepSpeed ZeRO-3 memory change moved one residual).
 K_PSEUDO = 1.0
 FLAGS: dict[str, str] = {
     "device": "device without fitted rows or without a measured GEMM efficiency",
