@@ -403,10 +403,12 @@ def print_validation(con: Console, report: Mapping[str, Any], worst: int) -> Non
         f"max |error| {_pct(report['max_abs_error_pct'])} %"
     )
     if "coverage_pct" in report:
-        con.print(
-            f"80% intervals cover [bold]{_pct(report['coverage_pct'])} %[/] of the measured runs "
-            "(in-sample: the stored intervals were fitted to these runs' held-out residuals)"
+        how = (
+            "in-sample: the stored intervals were fitted to these runs' held-out residuals"
+            if report.get("coverage_in_sample", True)
+            else "out of sample: the stored intervals were fitted to other runs"
         )
+        con.print(f"80% intervals cover [bold]{_pct(report['coverage_pct'])} %[/] of the measured runs ({how})")
 
 
 def print_summary(con: Console, title: str, result: Mapping[str, Any]) -> None:

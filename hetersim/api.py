@@ -180,7 +180,7 @@ def configure(
         system = cluster_spec(groups, cat.links, hetero, layers, memory=cat.memory, fleets=cat.fleets)
         mixed = _compiled("cluster")(m, system, plan_s, cal)
         rows = group_rows(groups, mixed, hetero)
-        itv = step_time_interval(cat, [e for e, _ in groups], resolved, mixed.total.step_time_s)
+        itv = step_time_interval(cat, [e for e, _ in groups], resolved, mixed.total.step_time_s, _is_moe(m))
         return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), mixed.total, rows, mixed, itv)
     from . import tiers
     from .reliability import check_checkpoint_tier
@@ -191,8 +191,13 @@ def configure(
     check_checkpoint_tier(system.host, resolved.get("checkpoint_tier") or DEFAULTS["checkpoint_tier"])
     check_layout(model_entry, plan, resolved)
     out = _compiled("simulate")(m, system, plan_s, cal)
-    itv = step_time_interval(cat, [gpu_entry], resolved, out.step_time_s)
+    itv = step_time_interval(cat, [gpu_entry], resolved, out.step_time_s, _is_moe(m))
     return Configuration(model_label, gpu_label, resolved, (m, system, plan_s, cal), out, interval=itv)
+
+
+def _is_moe(m: Any) -> bool:
+    """Whether a model spec has mixture-of-experts layers."""
+    return float(m.moe_layers) > 0
 
 
 def _given_dp(plan: Mapping[str, Any]) -> int:
@@ -275,7 +280,7 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     resolved.update(tp=None, pp=None, dp=None, plan=hp.as_dict())
     rows = stage_rows(hp, out)
     label = ",".join(f"{k}:{n}" for k, n in counts.items())
-    itv = step_time_interval(cat, entries, resolved, out.total.step_time_s)
+    itv = step_time_interval(cat, entries, resolved, out.total.step_time_s, _is_moe(m))
     return Configuration(model_label, label, resolved, (m, hs, plan_s, cal), out.total, rows, out, itv)
 
 
@@ -338,9 +343,12 @@ def stage_rows(hp, out) -> list[dict[str, Any]]:
     return rows
 
 
-def step_time_interval(catalog, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any], step_time_s):
+def step_time_interval(
+    catalog, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any], step_time_s, moe: bool = False
+):
     """``(low, high)``: the 80% interval of a predicted step time (:mod:`hetersim.fit.intervals`)
-    for a configuration of these device kinds (catalog entries) and resolved plan options."""
+    for a configuration of these device kinds (catalog entries) and resolved plan options, of a
+    mixture-of-experts model where ``moe``."""
     from .fit import intervals
 
     model = intervals.load_intervals()
@@ -351,6 +359,7 @@ def step_time_interval(catalog, entries: Sequence[Mapping[str, Any]], plan: Mapp
         "stack": intervals.stack_flag(plan.get("stack"), ev),
         "long_context": float(plan["seq_len"] > ev.max_seq_len),
         "offload": float(bool(plan.get("offload"))),
+        "moe": float(intervals.moe_flag(moe, ev)),
     }
     low, high = intervals.bounds(model, float(step_time_s), flags)
     return float(low), float(high)

@@ -203,3 +203,55 @@ def test_leave_one_source_out_coverage_is_bounded(catalog, held_out):
     # llm-foundry's 216 unfitted runs against 85%; 82% after the DeepSpeed ZeRO-3 memory change).
     assert meta["coverage_loso_pct"] >= 70.0
     assert meta["coverage_in_sample_pct"] <= 90.0  # an 80% interval, not a blanket
+
+
+def test_a_mixture_of_experts_model_is_out_of_the_dense_fits_evidence(catalog):
+    """The calibration and the intervals are fitted to dense runs only: an MoE prediction takes the
+    moe flag (in evaluate, in validate's rows and in a sweep) and a wider interval."""
+    from importlib import resources
+
+    from hetersim.fit.runs import read_runs
+
+    m = load_intervals()
+    assert not m.evidence.moe and m.sources["moe"] == 0
+    assert m.extra_var["moe"] == pytest.approx(m.s0**2, rel=1e-3)  # the prior: as uncertain again
+    dense = _relative_width(gpu="h100-sxm-80gb", seq_len=4096)
+    c = api.configure(model="mixtral-8x7b", gpu="h100-sxm-80gb", n_gpus=64, tp=2, ep=8, global_batch=256)
+    low, high = c.interval
+    assert low <= float(c.breakdown.step_time_s) <= high
+    assert np.log(high / low) > 1.3 * dense
+    moe_rows = read_runs(resources.files("hetersim") / "data" / "moe_runs.csv")[:2]
+    dense_rows = read_runs(fit_default_runs())[:1]
+    flags = intervals.row_flags(moe_rows + dense_rows, catalog, m.evidence)
+    assert list(flags["moe"]) == [1.0, 1.0, 0.0]
+    # A fit that had an MoE run gives none.
+    ev = dataclasses.replace(m.evidence, moe=True)
+    assert intervals.row_flags(moe_rows, catalog, ev)["moe"].tolist() == [0.0, 0.0]
+    assert intervals.evidence_of(moe_rows, np.array([True, False])).moe
+
+
+def test_the_sweep_flags_mixture_of_experts_models():
+    import jax.numpy as jnp
+
+    from dse.sweep.evaluate import step_time_interval
+    from hetersim import build
+    from hetersim.catalog import load_catalog
+
+    cat = load_catalog()
+    m = load_intervals()
+    table = {
+        "params": intervals.params(m),
+        "device": jnp.zeros(1),
+        "stack": jnp.zeros(8),
+        "max_seq_len": jnp.float32(m.evidence.max_seq_len),
+        "moe": jnp.float32(1.0),
+    }
+    plan = build.plan_spec(n_gpus=8, global_batch=8, seq_len=4096)
+    widths = []
+    for key in ("llama2-7b", "mixtral-8x7b"):
+        spec = build.model_spec(cat.model(key))
+        out = step_time_interval(jnp.float32(1.0), spec, plan, 0, table)
+        widths.append(float(jnp.log(out["step_time_s_high"] / out["step_time_s_low"])))
+    assert widths[1] > 1.3 * widths[0]
+    lo, hi = intervals.log_bounds(m, {**NONE, "moe": 1.0})
+    assert widths[1] == pytest.approx(float(hi - lo), rel=1e-5)

@@ -176,29 +176,30 @@ def _evaluate_chunk(start, tables: Mapping[str, Any], cal: Calibration, *, chunk
     col = decode_columns(start, tables, chunk=chunk)
     model, system, plan = specs_of(col, tables)
     out = simulate_batch(model, system, plan, cal)
-    return chunk_outputs(out, plan, col["gpu"], tables, kinds)
+    return chunk_outputs(out, model, plan, col["gpu"], tables, kinds)
 
 
-def chunk_outputs(out: Any, plan: Any, gpu, tables: Mapping[str, Any], kinds: tuple) -> dict[str, Any]:
+def chunk_outputs(out: Any, model: Any, plan: Any, gpu, tables: Mapping[str, Any], kinds: tuple) -> dict[str, Any]:
     """What a chunk returns from the model's outputs ``out``: the metrics, the step-time interval,
     the constraint bits and the feasible flag (the last stage of :func:`evaluate_chunk`)."""
     checks = check_constraints(out, kinds, tables["limits"])
     result = {name: getattr(out, name) for name in METRICS}
-    result.update(step_time_interval(out.step_time_s, plan, gpu, tables["interval"]))
+    result.update(step_time_interval(out.step_time_s, model, plan, gpu, tables["interval"]))
     result["constraint_violation"] = checks.bits
     result["feasible"] = checks.feasible
     return result
 
 
-def step_time_interval(step_time_s, plan: Any, gpu, table: Mapping[str, Any]) -> dict[str, Any]:
+def step_time_interval(step_time_s, model: Any, plan: Any, gpu, table: Mapping[str, Any]) -> dict[str, Any]:
     """The 80% interval of each configuration's step time (:mod:`hetersim.fit.intervals`), from
-    its plan, its device's and its stack's rows of ``table`` (:func:`dse.sweep.space.interval_table`):
-    a few element-wise operations per configuration."""
+    its model, its plan, its device's and its stack's rows of ``table``
+    (:func:`dse.sweep.space.interval_table`): a few element-wise operations per configuration."""
     flags = {
         "device": table["device"][gpu],
         "stack": table["stack"][plan.stack_code],
         "long_context": jnp.where(plan.seq_len > table["max_seq_len"], 1.0, 0.0),
         "offload": jnp.where(jnp.any(plan.offload_tier_code > 0, axis=-1), 1.0, 0.0),
+        "moe": jnp.where(model.moe_layers > 0, table["moe"], 0.0),
     }
     low, high = intervals.bounds(table["params"], step_time_s, flags, xp=jnp)
     return dict(zip(INTERVALS, (low, high), strict=True))

@@ -131,8 +131,8 @@ class Space:
     def interval_table(self, model: Any = None) -> dict[str, Any]:
         """What :func:`dse.sweep.evaluate.step_time_interval` takes: the stored interval model's
         numbers (:func:`hetersim.fit.intervals.params`) and, per code of the ``gpu`` column, its
-        device flag (a mix: flagged when any of its kinds is), and per code of the plan's
-        ``stack`` its stack flag."""
+        device flag (a mix: flagged when any of its kinds is), per code of the plan's ``stack``
+        its stack flag, and the flag a mixture-of-experts model takes."""
         model = model if model is not None else intervals.load_intervals()
         ev = model.evidence
         kinds = {k: [k] for k in self.gpu_entries} if not self.clusters else {
@@ -144,6 +144,7 @@ class Space:
             "device": np.asarray(device, np.float32),
             "stack": np.asarray([intervals.stack_flag(name, ev) for name in STACK], np.float32),
             "max_seq_len": np.float32(ev.max_seq_len),
+            "moe": np.float32(0.0 if ev.moe else 1.0),  # a mixture-of-experts model's flag
         }
 
     def coords(self, start: int, stop: int) -> dict[str, np.ndarray]:

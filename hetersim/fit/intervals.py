@@ -16,7 +16,10 @@ the LOSO sample carry exactly the flags a new run would carry against the shippe
   published run whose source matches no stack entry counts as such: it is priced with the default
   profile, but what it ran is unknown);
 * ``long_context``: the sequence is longer than the longest the fit had;
-* ``offload``: states are offloaded to a slower tier.
+* ``offload``: states are offloaded to a slower tier;
+* ``moe``: a mixture-of-experts model where the fit had dense models only (the calibration is
+  fitted to ``published_runs.csv``, which holds none: expert parallelism, its dispatch and grouped
+  GEMMs are priced from their sources, but no fitted residual speaks for them).
 
 **Model.** Rows with no flag set are the base: ``center`` is their median residual and
 ``q_lo``/``q_hi`` the empirical 10th/90th percentiles around it (no normality assumed); ``s0`` is
@@ -67,6 +70,7 @@ FLAGS: dict[str, str] = {
     "stack": "software stack without fitted rows",
     "long_context": "sequence longer than the longest fitted",
     "offload": "states offloaded to a slower memory tier",
+    "moe": "mixture-of-experts model where the fit had dense models only",
 }
 # The stack a row or configuration names none of: the plan field's default (Megatron-Core with
 # Transformer Engine, catalog/stacks.toml).
@@ -75,11 +79,13 @@ DEFAULT_STACK = "megatron"
 
 @dataclasses.dataclass(frozen=True)
 class Evidence:
-    """What a fit had rows for: device keys, stack keys, the longest sequence."""
+    """What a fit had rows for: device keys, stack keys, the longest sequence, whether any
+    mixture-of-experts model."""
 
     devices: frozenset[str]
     stacks: frozenset[str]
     max_seq_len: float
+    moe: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +147,11 @@ def stack_flag(stack: Any, evidence: Evidence) -> float:
 
 def long_context_flag(seq_len, evidence: Evidence, xp=np):
     return xp.where(seq_len > evidence.max_seq_len, 1.0, 0.0)
+
+
+def moe_flag(is_moe, evidence: Evidence, xp=np):
+    """1 for a mixture-of-experts model where the fit had none (``is_moe``: bool or 0/1 array)."""
+    return xp.where(xp.asarray(is_moe, bool) & (not evidence.moe), 1.0, 0.0)
 
 
 def params(model: IntervalModel) -> dict[str, Any]:
@@ -222,6 +233,14 @@ def _offloaded(row) -> bool:
     return row.fields.get("offload", "").strip().lower() not in ("", "none")
 
 
+def _moe_row(row) -> bool:
+    """A runs-file row of a mixture-of-experts model (more than one routed expert)."""
+    try:
+        return float((row.fields.get("n_experts") or "").strip() or 0) > 1
+    except ValueError:
+        return False
+
+
 def evidence_of(rows: Sequence[Any], mask: np.ndarray) -> Evidence:
     """What a fit on the rows of ``mask`` had: their devices, stacks and longest sequence."""
     used = [r for r, m in zip(rows, mask, strict=True) if m]
@@ -229,6 +248,7 @@ def evidence_of(rows: Sequence[Any], mask: np.ndarray) -> Evidence:
         devices=frozenset(r.fields["gpu"].strip() for r in used),
         stacks=frozenset(stack_key(r.stack) for r in used if r.stack is not None),
         max_seq_len=max((float(r.fields["seq_len"]) for r in used), default=0.0),
+        moe=any(_moe_row(r) for r in used),
     )
 
 
@@ -245,6 +265,7 @@ def row_flags(rows: Sequence[Any], catalog, evidence: Evidence | Sequence[Eviden
         out["stack"][i] = 1.0 if row.stack is None else stack_flag(row.stack, ev)
         out["long_context"][i] = float(long_context_flag(float(row.fields["seq_len"]), ev))
         out["offload"][i] = float(_offloaded(row))
+        out["moe"][i] = float(moe_flag(_moe_row(row), ev))
     return out
 
 
@@ -270,7 +291,9 @@ def load_intervals(path: str | Path | None = None) -> IntervalModel:
             extra_var={f: float(cls[f]["extra_var"]) for f in FLAGS},
             n={f: int(cls[f]["n"]) for f in FLAGS},
             sources={f: int(cls[f]["sources"]) for f in FLAGS},
-            evidence=Evidence(frozenset(ev["devices"]), frozenset(ev["stacks"]), float(ev["max_seq_len"])),
+            evidence=Evidence(
+                frozenset(ev["devices"]), frozenset(ev["stacks"]), float(ev["max_seq_len"]), bool(ev["moe"])
+            ),
         )
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: cannot read the interval model ({type(e).__name__}: {e})") from None
@@ -303,6 +326,7 @@ def write_intervals(path: str | Path, model: IntervalModel, meta: Mapping[str, A
         f"devices = {_toml(ev.devices)}",
         f"stacks = {_toml(ev.stacks)}",
         f"max_seq_len = {ev.max_seq_len:.0f}",
+        f"moe = {'true' if ev.moe else 'false'}",
         "",
         "[base]  # residuals log(measured / predicted) of held-out rows with no flag set",
         f"n = {model.n_base}",
