@@ -221,7 +221,9 @@ def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -
             "decode": _best_of(lambda s: decode(s, tables, chunk=chunk), (start,), reps),
             "gather": _best_of(gather, (col, tables), reps),
             "model": _best_of(model, (*specs, cal), reps),
-            "reductions": _best_of(lambda o: reduce(o, specs[0], specs[2], col["gpu"], tables, kinds=kinds), (out,), reps),
+            "reductions": _best_of(
+                lambda o: reduce(o, specs[0], specs[2], col["gpu"], tables, kinds=kinds), (out,), reps
+            ),
         }
 
 
