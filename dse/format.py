@@ -261,7 +261,8 @@ def print_evaluation(con: Console, r: Mapping[str, Any]) -> None:
     if r.get("step_time_interval_s"):
         itv = r["step_time_interval_s"]
         level = f"{100 * itv['level']:.0f}%"
-        con.print(f"step time {_sig(step)} s ({level}: {_sig(itv['low'])}–{_sig(itv['high'])} s)")
+        wider = f"; wider: {', '.join(itv['flags'])}" if itv.get("flags") else ""
+        con.print(f"step time {_sig(step)} s ({level}: {_sig(itv['low'])}–{_sig(itv['high'])} s{wider})")
 
     t = Table(title="Throughput", title_justify="left", show_header=False)
     t.add_column("metric")
@@ -333,10 +334,12 @@ def _num(v: float | None, digits: int) -> str:
     return f"{v:.{digits}f}" if abs(v) < 1e5 else f"{v:.3g}"
 
 
-def _interval(interval: tuple[float, float]) -> dict[str, float]:
+def _interval(interval: tuple[float, float]) -> dict[str, Any]:
+    """The JSON of an interval: its level, ends and the evidence flags that widened it."""
     from hetersim.fit.intervals import LEVEL
 
-    return {"level": LEVEL, "low": float(interval[0]), "high": float(interval[1])}
+    flags = list(getattr(interval, "flags", ()))
+    return {"level": LEVEL, "low": float(interval[0]), "high": float(interval[1]), "flags": flags}
 
 
 def _sig(v: float) -> str:

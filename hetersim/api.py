@@ -348,7 +348,8 @@ def step_time_interval(
 ):
     """``(low, high)``: the 80% interval of a predicted step time (:mod:`hetersim.fit.intervals`)
     for a configuration of these device kinds (catalog entries) and resolved plan options, of a
-    mixture-of-experts model where ``moe``."""
+    mixture-of-experts model where ``moe``; an :class:`~hetersim.fit.intervals.Interval`, whose
+    ``flags`` say what widened it."""
     from .fit import intervals
 
     model = intervals.load_intervals()
@@ -362,7 +363,7 @@ def step_time_interval(
         "moe": float(intervals.moe_flag(moe, ev)),
     }
     low, high = intervals.bounds(model, float(step_time_s), flags)
-    return float(low), float(high)
+    return intervals.Interval(low, high, intervals.raised(flags))
 
 
 def _check_precision(entry: Mapping[str, Any], key: str, plan_s: Any) -> None:

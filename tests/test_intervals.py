@@ -172,6 +172,13 @@ def test_validate_reports_interval_and_coverage(catalog, cal):
         r["feasible"] and r["predicted_low_s"] <= r["measured_step_time_s"] <= r["predicted_high_s"] for r in rows
     ]
     assert rep["coverage_pct"] == pytest.approx(100.0 * np.mean(inside))
+    # Each row names what widened its interval; a row with no flag has the base interval.
+    m = load_intervals()
+    for r in rows:
+        assert set(r["interval_flags"]) <= set(FLAGS)
+        lo, hi = intervals.bounds(m, r["predicted_step_time_s"], {f: float(f in r["interval_flags"]) for f in FLAGS})
+        assert r["predicted_low_s"] == pytest.approx(lo) and r["predicted_high_s"] == pytest.approx(hi)
+    assert any(r["interval_flags"] == [] for r in rows) and any(r["interval_flags"] for r in rows)
     print(f"\nin-sample coverage of the 80% intervals (shipped constants): {rep['coverage_pct']:.1f}%")
 
 
@@ -186,8 +193,16 @@ def test_evaluate_json_carries_the_interval(capsys):
     doc = json.loads(res.output)
     itv = doc["step_time_interval_s"]
     assert itv["level"] == 0.8 and itv["low"] <= doc["step_time_s"] <= itv["high"]
+    assert itv["flags"] == []  # a fitted device and stack, a dense model: nothing widened it
     text = CliRunner().invoke(app, args).output
-    assert "(80%: " in text
+    assert "(80%: " in text and "wider:" not in text
+    # An MoE model on a device without fitted runs: both flags, named in the JSON and the text.
+    moe = ["evaluate", "--model", "mixtral-8x7b", "--gpu", "mi300x", "--gpus", "64", "--tp", "2", "--ep", "8"]
+    moe += ["--global-batch", "256"]
+    res = CliRunner().invoke(app, [*moe, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["step_time_interval_s"]["flags"] == ["device", "moe"]
+    assert "wider: device, moe)" in CliRunner().invoke(app, moe).output
 
 
 @pytest.mark.slow

@@ -154,6 +154,23 @@ def moe_flag(is_moe, evidence: Evidence, xp=np):
     return xp.where(xp.asarray(is_moe, bool) & (not evidence.moe), 1.0, 0.0)
 
 
+class Interval(tuple):
+    """``(low, high)`` step time of an 80% interval; ``flags`` names the evidence flags
+    (:data:`FLAGS`) that widened it, in their order there."""
+
+    flags: tuple[str, ...]
+
+    def __new__(cls, low: float, high: float, flags: Sequence[str] = ()):
+        obj = super().__new__(cls, (float(low), float(high)))
+        obj.flags = tuple(flags)
+        return obj
+
+
+def raised(flags: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the flags set (> 0) in a mapping of 0/1 scalars."""
+    return tuple(f for f in FLAGS if float(flags.get(f, 0.0)) > 0)
+
+
 def params(model: IntervalModel) -> dict[str, Any]:
     """The numbers :func:`log_bounds` uses, as a plain mapping (a pytree the sweep passes to its
     compiled chunk as arrays, so a refit never recompiles)."""

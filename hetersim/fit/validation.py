@@ -148,7 +148,7 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs", interv
     flags = np.asarray(out.infeasible)
     feasible = flags == 0
     err = np.where(feasible, (pred - measured) / measured * 100.0, 100.0)
-    low, high = _interval(rows, catalog, pred, intervals)
+    low, high, widened = _interval(rows, catalog, pred, intervals)
     report_rows = []
     for i, row in enumerate(rows):
         report_rows.append(
@@ -164,6 +164,7 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs", interv
                 predicted_step_time_s=float(pred[i]),
                 predicted_low_s=float(low[i]),
                 predicted_high_s=float(high[i]),
+                interval_flags=list(widened[i]),
                 error_pct=float(err[i]),
                 feasible=bool(feasible[i]),
                 infeasible_code=int(flags[i]),
@@ -177,12 +178,15 @@ def validate(rows: Sequence[Row], catalog, cal: Calibration, path="runs", interv
     return summarize(report_rows)
 
 
-def _interval(rows: Sequence[Row], catalog, pred: np.ndarray, model) -> tuple[np.ndarray, np.ndarray]:
-    """The 80% interval of each row's prediction, flagged against what the stored fit had."""
+def _interval(rows: Sequence[Row], catalog, pred: np.ndarray, model):
+    """The 80% interval of each row's prediction, flagged against what the stored fit had:
+    ``(low, high, flags)``, ``flags`` the names of each row's flags."""
     from . import intervals
 
     model = model if model is not None else intervals.load_intervals()
-    return intervals.bounds(model, pred, intervals.row_flags(rows, catalog, model.evidence))
+    flags = intervals.row_flags(rows, catalog, model.evidence)
+    low, high = intervals.bounds(model, pred, flags)
+    return low, high, [intervals.raised({f: v[i] for f, v in flags.items()}) for i in range(len(rows))]
 
 
 def _layout(f: Mapping[str, str]) -> str:
