@@ -178,8 +178,7 @@ def zero3_regather(model: ModelSpec, plan: Plan):
     default 1000), so the weights with ``S`` above half that distance are gathered again.
     """
     p_layer = layer_params(model) / plan.tp
-    half = 0.5 * plan.reuse_Mparams * 1e6
-    frac = jnp.clip(safe_div(p_layer - half, p_layer), 0.0, 1.0)
+    frac = jnp.clip(safe_div(p_layer - memory.reuse_kept_params(plan), p_layer), 0.0, 1.0)
     return jnp.where((plan.reuse_Mparams > 0) & (plan.recompute_code == Recompute.FULL), frac, 0.0)
 
 

@@ -11,6 +11,7 @@ import pytest
 from hetersim import api
 from hetersim.fit import intervals
 from hetersim.fit.intervals import FLAGS, Evidence, fit_intervals, load_intervals
+from hetersim.fit.runs import default_runs_path, read_runs
 
 NONE = {f: 0.0 for f in FLAGS}
 EV = Evidence(frozenset({"h100-sxm-80gb"}), frozenset({"megatron"}), 8192.0)
@@ -77,21 +78,14 @@ def test_a_class_counts_its_sources_not_its_rows():
 def test_a_run_of_no_known_stack_is_flagged(catalog):
     """A published run whose source matches no stack entry is priced with the default profile, but
     the fit has no evidence of what it ran: its stack flag is set, a matched Megatron run's not."""
-    from hetersim.fit.runs import read_runs
 
-    rows = read_runs(fit_default_runs())[:1]
+    rows = read_runs(default_runs_path())[:1]
     assert rows[0].stack is not None
     unknown = dataclasses.replace(rows[0], stack=None)
     ev = Evidence(frozenset({"a100-sxm-80gb"}), frozenset({intervals.stack_key(rows[0].stack)}), 8192.0)
     flags = intervals.row_flags([rows[0], unknown], catalog, ev)
     assert list(flags["stack"]) == [0.0, 1.0]
     assert intervals.evidence_of([unknown], np.array([True])).stacks == frozenset()
-
-
-def fit_default_runs():
-    from hetersim.fit.runs import default_runs_path
-
-    return default_runs_path()
 
 
 def test_bounds_always_contain_the_prediction():
@@ -225,8 +219,6 @@ def test_a_mixture_of_experts_model_is_out_of_the_dense_fits_evidence(catalog):
     moe flag (in evaluate, in validate's rows and in a sweep) and a wider interval."""
     from importlib import resources
 
-    from hetersim.fit.runs import read_runs
-
     m = load_intervals()
     assert not m.evidence.moe and m.sources["moe"] == 0
     assert m.extra_var["moe"] == pytest.approx(m.s0**2, rel=1e-3)  # the prior: as uncertain again
@@ -236,7 +228,7 @@ def test_a_mixture_of_experts_model_is_out_of_the_dense_fits_evidence(catalog):
     assert low <= float(c.breakdown.step_time_s) <= high
     assert np.log(high / low) > 1.3 * dense
     moe_rows = read_runs(resources.files("hetersim") / "data" / "moe_runs.csv")[:2]
-    dense_rows = read_runs(fit_default_runs())[:1]
+    dense_rows = read_runs(default_runs_path())[:1]
     flags = intervals.row_flags(moe_rows + dense_rows, catalog, m.evidence)
     assert list(flags["moe"]) == [1.0, 1.0, 0.0]
     # A fit that had an MoE run gives none.

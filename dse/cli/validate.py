@@ -36,6 +36,7 @@ def validate_cmd(
 ) -> None:
     """Predict published training runs and report the step-time error."""
     from hetersim.fit import validation
+    from hetersim.fit.intervals import fitted_runs_name
     from hetersim.fit.runs import default_runs_path, read_runs
     from hetersim.fit.stacks import load_stacks
 
@@ -61,7 +62,7 @@ def validate_cmd(
     doc["runs_path"] = str(path)
     # The stored intervals were fitted to one runs file's held-out residuals ([fit] data): on that
     # file their coverage is in-sample, on any other a check.
-    report["coverage_in_sample"] = doc["coverage_in_sample"] = path.name == _interval_data()
+    report["coverage_in_sample"] = doc["coverage_in_sample"] = path.name == fitted_runs_name()
     if memory_report is not None:
         doc["memory"] = memory_report
     if json_out is not None:
@@ -131,18 +132,6 @@ def calibrate_cmd(
         typer.echo(fmt.dumps(summary))
     else:
         fmt.print_summary(fmt.console(), "Calibration", summary)
-
-
-def _interval_data() -> str:
-    """The runs file name the stored interval model was fitted to (its ``[fit] data``)."""
-    import tomllib
-
-    from hetersim.fit.intervals import intervals_path
-
-    try:
-        return str(tomllib.loads(intervals_path().read_text())["fit"]["data"])
-    except (OSError, tomllib.TOMLDecodeError, KeyError):
-        return ""
 
 
 def _intervals(runs: Path | None, catalog, steps: int, out: Path | None, dry_run: bool, as_json: bool) -> None:

@@ -144,7 +144,7 @@ class Space:
             "device": np.asarray(device, np.float32),
             "stack": np.asarray([intervals.stack_flag(name, ev) for name in STACK], np.float32),
             "max_seq_len": np.float32(ev.max_seq_len),
-            "moe": np.float32(0.0 if ev.moe else 1.0),  # a mixture-of-experts model's flag
+            "moe": np.float32(intervals.moe_flag(True, ev)),  # a mixture-of-experts model's flag
         }
 
     def coords(self, start: int, stop: int) -> dict[str, np.ndarray]:

@@ -316,6 +316,16 @@ def load_intervals(path: str | Path | None = None) -> IntervalModel:
         raise ValueError(f"{path}: cannot read the interval model ({type(e).__name__}: {e})") from None
 
 
+def fitted_runs_name(path: str | Path | None = None) -> str:
+    """The name of the runs file the stored interval model was fitted to (its ``[fit] data``);
+    empty where the file or the key is missing."""
+    path = Path(path) if path else intervals_path()
+    try:
+        return str(tomllib.loads(path.read_text())["fit"]["data"])
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        return ""
+
+
 def _toml(v: Any) -> str:
     if isinstance(v, str):
         return f'"{v}"'

@@ -297,6 +297,14 @@ DS_PREFETCH_PARAMS = 5e7
 DS_REDUCE_BUCKET_PARAMS = 5e8
 
 
+def reuse_kept_params(plan: Plan):
+    """Parameters DeepSpeed's ZeRO-3 keeps gathered for their next use: a weight is released
+    unless reused within ``stage3_max_reuse_distance`` (the plan's ``reuse_Mparams``), and a
+    weight of a layer's recomputed forward is reused by its backward ``2 S`` parameters later
+    (``S`` the parameters after it), so those within half the distance stay."""
+    return 0.5 * plan.reuse_Mparams * 1e6
+
+
 def largest_matrix_params(m: ModelSpec):
     """Parameters of a dense layer's largest weight matrix, as the stacks build it: the fused QKV
     projection ``h x (q + 2 kv)`` or the MLP's first one (``h x 2f``, gate and up fused, under
@@ -309,12 +317,12 @@ def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
     a whole layer: the one computing and the one prefetched, in 16 bits, and the computing layer's
     gradients, the reduce-scatter's input, in the reduction dtype. DeepSpeed (``reuse_Mparams`` >
     0) holds the matrix computing (at most the largest), the weights it keeps for a use within
-    the reuse distance (those within half of it of their reuse, as :func:`zero3_regather` counts
-    them) and the prefetch bucket, never more than two layers; and a reduce bucket of gradients
-    with the largest matrix's arriving whole, never more than a layer's."""
+    the reuse distance (:func:`reuse_kept_params`) and the prefetch bucket, never more than two
+    layers; and a reduce bucket of gradients with the largest matrix's arriving whole, never more
+    than a layer's."""
     layer, big = layer_params(m) / plan.tp, largest_matrix_params(m) / plan.tp
     fsdp = layer * (2.0 * WEIGHT_BYTES + grad_bytes(plan))
-    live = jnp.minimum(big + 0.5 * plan.reuse_Mparams * 1e6 + DS_PREFETCH_PARAMS, 2.0 * layer)
+    live = jnp.minimum(big + reuse_kept_params(plan) + DS_PREFETCH_PARAMS, 2.0 * layer)
     grads = jnp.minimum(big + DS_REDUCE_BUCKET_PARAMS, layer)
     deepspeed = live * WEIGHT_BYTES + grads * grad_bytes(plan)
     return jnp.where(plan.reuse_Mparams > 0, deepspeed, fsdp)
