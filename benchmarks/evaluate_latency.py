@@ -61,6 +61,11 @@ def main() -> None:
     for label, wall in rows:
         print(f"{label:<{width}}  {wall:6.2f} s")
     print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    # Python writes each module's bytecode on its first import and loads it afterwards, unless
+    # PYTHONDONTWRITEBYTECODE is set (some sandboxes set it): then every run compiles the
+    # project's modules from source again, about 0.1 s of each row here.
+    bytecode = "off (PYTHONDONTWRITEBYTECODE is set)" if sys.dont_write_bytecode else "on (Python's default)"
+    print(f"bytecode cache: {bytecode}")
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump([{"run": label, "wall_s": wall} for label, wall in rows], handle, indent=2)
