@@ -52,7 +52,8 @@ def model_spec(entry: Mapping[str, Any]) -> ModelSpec:
 def has_extra(fields: Mapping[str, float]) -> bool:
     """Whether a model has experts, latent attention, multi-token prediction or sliding windows
     (else its ModelSpec carries no ``extra`` and its traced graph none of their terms)."""
-    return any(fields[k] > 0 for k in ("n_experts", "kv_lora_rank", "mtp_layers", "swa_window"))
+    keys = ("n_experts", "kv_lora_rank", "mtp_layers", "swa_window", "glu_clamp", "expert_bias", "rope_scaled")
+    return any(fields[k] > 0 for k in keys)
 
 
 def uniform_models(models: Sequence[ModelSpec]) -> list[ModelSpec]:
@@ -83,7 +84,9 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
     ``dense_layers`` leading layers keep a dense FFN (DeepSeek's ``first_k_dense_replace``); of the
     rest every ``moe_every``-th is an MoE layer (Megatron's ``moe_layer_freq``; Llama 4 Maverick 2).
     ``shared_ffn_hidden`` is the shared experts' total width, ``shared_experts * moe_ffn_hidden``
-    where the entry gives only the count.
+    where the entry gives only the count. ``glu_clamp`` (the clamp limit of the gated FFN's inputs,
+    0: none), ``expert_bias`` (the experts' linears carry biases) and ``rope_attention_scale``
+    (YaRN's mscale, 1: none) become 0/1 leaves: what they cost depends on the stack.
     """
     name = entry.get("name", "model")
     layers = float(entry["layers"])
@@ -122,6 +125,9 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
         mtp_layers=_count(entry, "mtp_layers"),
         swa_window=window,
         swa_share=_count(entry, "sliding_window_share", 1.0 if window > 0 else 0.0),
+        glu_clamp=1.0 if _count(entry, "glu_clamp") > 0 else 0.0,
+        expert_bias=1.0 if n_exp > 0 and bool(entry.get("expert_bias", False)) else 0.0,
+        rope_scaled=1.0 if abs(_count(entry, "rope_attention_scale", 1.0) - 1.0) > 1e-6 else 0.0,
     )
 
 

@@ -59,6 +59,12 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     act_fn_s = compute.activation_fn_s(dev, cal, model, plan)
     layer_f = gemm_f + attn_f + ew_f
     layer_b = gemm_b + attn_b + ew_b
+    if model.extra is not None:  # point-wise extras a hand-fused stack runs apart (GPT-OSS)
+        rope_x = compute.rope_unfused_s(dev, cal, model, plan)
+        ffn = compute.tokens(plan) * model.ffn_hidden / plan.tp
+        act_fn_s = act_fn_s + compute.clamp_s(dev, cal, model, plan, ffn, False)
+        layer_f = layer_f + rope_x + compute.clamp_s(dev, cal, model, plan, ffn, False)
+        layer_b = layer_b + rope_x + compute.clamp_s(dev, cal, model, plan, ffn, True)
 
     # Tensor parallel: per layer 2 all-gathers + 2 reduce-scatters with SP (2 all-reduces
     # without) of the b*s*h activation in the forward, the same again in the backward.
@@ -135,8 +141,11 @@ def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str,
     block_ew_f = moe.block_elementwise_fwd_s(dev, cal, model, plan)
     moe_gemm_f = compute.gemms_fwd_s(dev, cal, plan, shared + router) + moe.experts_fwd_s(dev, cal, model, plan)
     moe_gemm_b = compute.gemms_bwd_s(dev, cal, plan, shared + router) + moe.experts_bwd_s(dev, cal, model, plan)
-    moe_f = attn_gemm_f + attn_f + attn_ew_f + moe_gemm_f + block_ew_f
-    moe_b = attn_gemm_b + attn_b + 2.0 * (attn_ew_f + block_ew_f) + moe_gemm_b
+    rope_x = compute.rope_unfused_s(dev, cal, model, plan)
+    extras_f = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=False)
+    extras_b = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=True)
+    moe_f = attn_gemm_f + attn_f + attn_ew_f + moe_gemm_f + block_ew_f + extras_f
+    moe_b = attn_gemm_b + attn_b + 2.0 * (attn_ew_f + block_ew_f) + moe_gemm_b + extras_b
     # Tensor parallel: the attention block's collectives, and the shared experts' where there are
     # any (the routed experts run on sequence-parallel tokens and need none).
     tp_share = 0.5 * (1.0 + jnp.where(model.shared_ffn_hidden > 0, 1.0, 0.0))

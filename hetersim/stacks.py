@@ -2,7 +2,8 @@
 
 The plan field ``stack`` (:class:`hetersim.types.Stack`) names a profile. A profile is a set of
 categorical facts, each with its source: the attention and loss kernels a plan with ``attention =
-auto`` / ``loss = auto`` runs, whether its element-wise work is fused or runs as eager PyTorch ops,
+auto`` / ``loss = auto`` runs, whether its element-wise work is fused (by hand-written kernels, or
+by a compiler that fuses any point-wise op) or runs as eager PyTorch ops,
 whether its tensor-parallel collectives, pipeline sends and data-parallel gradient reductions
 overlap compute. The traced model reads
 them as small per-stack arrays indexed by ``plan.stack_code`` (:func:`table`). Nothing here
@@ -23,7 +24,7 @@ from .types import Attention, Loss, Stack
 
 __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
 
-ELEMENTWISE = ("fused", "eager")
+ELEMENTWISE = ("fused", "eager", "compiled")
 # The true/false facts, each a field of Profile and a 0/1 array of StackTable.
 _SWITCHES = ("tp_comm_overlap", "p2p_overlap", "dp_overlap", "cp_torch_ring")
 _FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
@@ -51,6 +52,7 @@ class StackTable:
     attention: np.ndarray  # Attention code of each stack's kernel
     loss: np.ndarray  # Loss code
     eager: np.ndarray  # 1.0 where element-wise work runs as eager PyTorch ops
+    compiled: np.ndarray  # 1.0 where a fusing compiler (TorchInductor, XLA) fuses any point-wise op
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
     p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
     dp_overlap: np.ndarray  # 1.0 where data-parallel gradient reductions overlap the backward
@@ -147,5 +149,6 @@ def table() -> StackTable:
         attention=np.array([Attention.parse(p.attention, "attention").value for p in rows], np.int32),
         loss=np.array([Loss.parse(p.loss, "loss").value for p in rows], np.int32),
         eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
+        compiled=np.array([float(p.elementwise == "compiled") for p in rows], np.float32),
         **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},
     )

@@ -179,6 +179,104 @@ def test_hugging_face_moe_configs_are_read_with_their_experts(tmp_path, config, 
     assert float(flops.active_params(m)) / 1e9 == pytest.approx(active, rel=0.02)
 
 
+GPT_OSS_120B = {
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "swiglu_limit": 7.0,
+    "attention_bias": True,
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}  # fmt: skip  (HF openai/gpt-oss-120b config.json)
+
+
+def test_gpt_oss_config_is_read_with_its_clamp_expert_bias_and_yarn_scale(tmp_path, catalog):
+    """GPT-OSS's swiglu_limit, its experts' biases and YaRN's attention scale (0.1 ln 32 + 1,
+    Peng et al. 2023 eq. 22) come through the importer as in the catalog entry; DeepSeek-V3's YaRN,
+    whose mscale equals mscale_all_dim, scales nothing."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT_OSS_120B))
+    entry = model_from_hf_config(path)
+    assert entry["glu_clamp"] == 7.0 and entry["expert_bias"] is True
+    assert entry["rope_attention_scale"] == pytest.approx(0.1 * np.log(32.0) + 1.0)
+    assert entry["rope_attention_scale"] == pytest.approx(
+        catalog.model("gpt-oss-120b")["rope_attention_scale"], abs=1e-4
+    )
+    m = build.model_spec(entry)
+    assert (float(m.glu_clamp), float(m.expert_bias), float(m.rope_scaled)) == (1.0, 1.0, 1.0)
+    yarn = {
+        "type": "yarn",
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+    }
+    path.write_text(json.dumps(dict(DEEPSEEK_V3, rope_scaling=yarn)))
+    ds = model_from_hf_config(path)
+    assert "rope_attention_scale" not in ds and float(build.model_spec(ds).rope_scaled) == 0.0
+
+
+def _oss(catalog, stack, **extra):
+    """GPT-OSS-120B on 64 GB200 (its Megatron-Bridge layout), with the entry's fields ``extra``."""
+    entry = {**catalog.model("gpt-oss-120b"), **extra}
+    _, s, p = make(catalog, "gpt-oss-120b", gpu="gb200", n_gpus=64, tp=1, pp=1, ep=64, sp=False, stack=stack,
+                   micro_batch=4, global_batch=1280)  # fmt: skip
+    return build.model_spec(entry), s, compute.resolve_kernels(s.device, p)
+
+
+PLAIN = dict(glu_clamp=0.0, expert_bias=False, rope_attention_scale=1.0)
+
+
+def test_gpt_oss_point_wise_extras_cost_their_bytes_where_the_stack_does_not_compile(catalog, cal):
+    """Under Megatron-Core the clamp (16 / 20 bytes per expert FFN element forward / backward, 3
+    kernels each), the experts' bias (12 / 8 bytes per routed hidden element, 2 kernels per local
+    expert and a cat) and the unfused YaRN RoPE (the eager rotary bytes over the fused ones, each
+    pass) cost exactly those bytes and kernels, and the step is slower by them; a compiling stack
+    (torch.compile) fuses them for nothing; a fused grouped-MLP kernel takes clamp and bias in."""
+    m, s, p = _oss(catalog, "megatron")
+    plain, _, _ = _oss(catalog, "megatron", **PLAIN)
+    routed = float(moe.routed_tokens(m, p))
+    f, h, local = float(m.moe_ffn_hidden), float(m.hidden), float(moe.local_experts(m, p))
+    for backward in (False, True):
+        nbytes = routed * (compute.CLAMP_BYTES[backward] * f + moe.EXPERT_BIAS_BYTES[backward] * h)
+        kernels = compute.CLAMP_KERNELS[backward] + 2.0 * local + 1.0
+        want = float(compute.stream_s(s.device, cal, nbytes, kernels))
+        assert float(moe.experts_extras_s(s.device, cal, m, p, backward)) == pytest.approx(want, rel=1e-5)
+        assert float(moe.experts_extras_s(s.device, cal, plain, p, backward)) == 0.0
+    width = float(flops.q_width(m) + flops.kv_width(m))
+    rope_bytes = float(compute.tokens(p)) * width * (compute.ROPE_BYTES[1] - compute.ROPE_BYTES[0])
+    rope_kernels = compute.ROPE_KERNELS[1] - compute.ROPE_KERNELS[0]
+    want = float(compute.stream_s(s.device, cal, rope_bytes, rope_kernels))
+    assert float(compute.rope_unfused_s(s.device, cal, m, p)) == pytest.approx(want, rel=1e-5)
+    assert float(compute.rope_unfused_s(s.device, cal, plain, p)) == 0.0
+    slow, base = float(sim(m, s, p, cal).step_time_s), float(sim(plain, s, p, cal).step_time_s)
+    assert slow > base
+    mc, sc, pc = _oss(catalog, "torchtitan-compile")
+    plain_c, _, _ = _oss(catalog, "torchtitan-compile", **PLAIN)
+    compiled = float(sim(mc, sc, pc, cal).step_time_s)
+    assert compiled == pytest.approx(float(sim(plain_c, sc, pc, cal).step_time_s), rel=1e-6)
+    assert float(moe.experts_extras_s(s.device, cal, m, replace(p, fused_experts=1.0), False)) == 0.0
+
+
 def test_an_moe_architecture_the_importer_does_not_know_is_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dict(MIXTRAL, model_type="jamba", num_experts=16)))
@@ -247,9 +345,9 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 16.3% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
+# Today's 14.8% (README "Mixture of experts"; the one row that does not run counts 100%): a bound
 # against regressions, short of the issue's 12% target.
-MOE_MAPE_BOUND = 17.0
+MOE_MAPE_BOUND = 15.5
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -327,6 +328,13 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
         out["v_head_dim"] = get("v_head_dim")
     if _is_number(config.get("num_nextn_predict_layers")) and config["num_nextn_predict_layers"]:
         out["mtp_layers"] = config["num_nextn_predict_layers"]
+    if _is_number(config.get("swiglu_limit")) and config["swiglu_limit"] > 0:  # GPT-OSS
+        out["glu_clamp"] = config["swiglu_limit"]
+    if model_type == "gpt_oss" and out.get("n_experts"):  # GptOssExperts: gate_up_proj_bias, down_proj_bias
+        out["expert_bias"] = True
+    scale = _yarn_attention_scale(config)
+    if scale is not None and abs(scale - 1.0) > 1e-6:
+        out["rope_attention_scale"] = scale
     types = config.get("layer_types")
     if _is_number(config.get("sliding_window")) and isinstance(types, list) and types:
         share = sum(1 for t in types if t == "sliding_attention") / len(types)
@@ -334,6 +342,29 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
             out["sliding_window"] = config["sliding_window"]
             out["sliding_window_share"] = share
     return out
+
+
+def _yarn_attention_scale(config: dict[str, Any]) -> float | None:
+    """YaRN's attention scale of a config's ``rope_scaling`` (transformers'
+    ``_compute_yarn_parameters``): its ``attention_factor``, else ``get_mscale(factor, mscale) /
+    get_mscale(factor, mscale_all_dim)`` where both are given (DeepSeek: 1), else ``0.1 ln(factor)
+    + 1`` (Peng et al. 2023, arXiv 2309.00071, eq. 22); None for no YaRN."""
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = config.get(key)
+        if not isinstance(scaling, dict) or (scaling.get("rope_type") or scaling.get("type")) != "yarn":
+            continue
+        if _is_number(scaling.get("attention_factor")):
+            return float(scaling["attention_factor"])
+        factor = float(scaling["factor"]) if _is_number(scaling.get("factor")) else 1.0
+        if _is_number(scaling.get("mscale")) and _is_number(scaling.get("mscale_all_dim")):
+            scale, scale_all = float(scaling["mscale"]), float(scaling["mscale_all_dim"])
+            return _yarn_mscale(factor, scale) / _yarn_mscale(factor, scale_all)
+        return _yarn_mscale(factor, 1.0)
+    return None
+
+
+def _yarn_mscale(factor: float, m: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
 
 def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:

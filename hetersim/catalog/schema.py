@@ -232,6 +232,11 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "mtp_layers": _NONNEGATIVE.optional(),
         "sliding_window": _NONNEGATIVE.optional(),
         "sliding_window_share": _FRACTION.optional(),
+        # Optional point-wise extras (hetersim.build.moe_fields): the clamp limit of the gated FFN's
+        # inputs (GPT-OSS swiglu_limit 7), biases on the experts' linears, YaRN's attention scale.
+        "glu_clamp": _NONNEGATIVE.optional(),
+        "expert_bias": _FLAG.optional(),
+        "rope_attention_scale": _POSITIVE.optional(),
         "aliases": _TEXT.optional(),  # other names the key is looked up by, comma-separated
     },
     "memory": {

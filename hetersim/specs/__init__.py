@@ -54,6 +54,9 @@ class ModelSpec:
     mtp_layers = property(lambda self: self._x("mtp_layers"))
     swa_window = property(lambda self: self._x("swa_window"))
     swa_share = property(lambda self: self._x("swa_share"))
+    glu_clamp = property(lambda self: self._x("glu_clamp"))
+    expert_bias = property(lambda self: self._x("expert_bias"))
+    rope_scaled = property(lambda self: self._x("rope_scaled"))
 
 
 @spec
@@ -79,6 +82,11 @@ class ModelExtra:
     mtp_layers: Any  # multi-token-prediction modules (DeepSeek-V3: 1), each one more layer and LM head
     swa_window: Any  # sliding-window attention width in tokens (0: none)
     swa_share: Any  # share of the layers whose attention is windowed (GPT-OSS: every other layer)
+    # Point-wise extras that a stack without a fusing compiler runs as eager ops (GPT-OSS has all
+    # three; hetersim.terms.compute): 1 where the model has them, else 0.
+    glu_clamp: Any  # the gated FFN's two inputs are clamped before the activation (swiglu_limit)
+    expert_bias: Any  # the routed experts' second linear adds a bias
+    rope_scaled: Any  # the rotary embedding carries an attention scale (YaRN's mscale != 1)
 
 
 @spec

@@ -348,6 +348,53 @@ def _by_fusion(values, eager):
     return jnp.where(eager > 0, values[1], values[0])
 
 
+# Point-wise extras of some models, which hand-fused stacks run as eager ops and a fusing compiler
+# (the stack's ``elementwise = compiled``) folds into its kernels at no cost; (forward, backward):
+# * the gated FFN's inputs clamped (GPT-OSS ``swiglu_limit``): with activation_func_clamp_value set,
+#   Megatron-Core splits the FFN input, clamps both halves and concatenates them again before its
+#   fused quick-GeGLU (NVIDIA/Megatron-LM@d98e8a64 megatron/core/fusions/fused_bias_geglu.py
+#   weighted_bias_quick_geglu_impl). Forward: two clamps (read 2, write 2 bytes per ffn element
+#   each) and the cat of both halves (read and write 2 x 2): 16 bytes, 3 kernels. Backward: the
+#   cat's gradient splits into views; each clamp's reads the gradient and its saved input and writes
+#   (2 x 6); the split of the FFN output concatenates the halves' gradients (4 + 4): 20 bytes, 3 kernels.
+# * a rotary embedding with an attention scale (YaRN's mscale != 1): Transformer Engine's fused RoPE
+#   has none, so Megatron-Core runs it unfused (megatron/core/models/common/embeddings/rope_utils.py
+#   @ d98e8a64: "mscale ... is not supported by TE's fused RoPE. Using unfused implementation"): the
+#   eager rotary embedding's bytes and kernels over the fused one's (ROPE_BYTES, ROPE_KERNELS) in
+#   each pass, its backward the same ops on the gradient.
+# The experts' bias is priced in hetersim.terms.moe.
+CLAMP_BYTES = (16.0, 20.0)
+CLAMP_KERNELS = (3.0, 3.0)
+
+
+def compiled(plan: Plan):
+    """1.0 where the plan's stack compiles its element-wise work with a fusing compiler."""
+    return stack_fact(stacks.table().compiled, plan)
+
+
+def clamp_s(dev, cal, m: ModelSpec, plan: Plan, elements, backward: bool, fused_kernel=0.0):
+    """The gated FFN's input clamp over ``elements`` ffn elements (its output's), one pass, where it
+    runs as its own kernels: the model clamps, the stack does not compile and (``fused_kernel``) no
+    fused expert kernel takes it in. Zero for a model without (nothing traced for a dense one)."""
+    if m.extra is None:
+        return 0.0
+    share = m.glu_clamp * (1.0 - compiled(plan)) * (1.0 - fused_kernel)
+    nbytes = share * act_bytes(plan) / 2.0 * elements * CLAMP_BYTES[backward]
+    return stream_s(dev, cal, nbytes, share * CLAMP_KERNELS[backward])
+
+
+def rope_unfused_s(dev, cal, m: ModelSpec, plan: Plan):
+    """One pass of a scaled rotary embedding (YaRN) that a hand-fused stack runs unfused, beyond the
+    fused kernel it would otherwise run (an eager stack pays the eager bytes anyway; a compiler
+    fuses it)."""
+    if m.extra is None:
+        return 0.0
+    share = m.rope * m.rope_scaled * (1.0 - eager(plan)) * (1.0 - compiled(plan))
+    width = (q_width(m) + kv_width(m)) / plan.tp
+    nbytes = share * act_bytes(plan) / 2.0 * tokens(plan) * width * (ROPE_BYTES[1] - ROPE_BYTES[0])
+    return stream_s(dev, cal, nbytes, share * (ROPE_KERNELS[1] - ROPE_KERNELS[0]))
+
+
 def eager(plan: Plan):
     """1.0 where the plan's stack runs its element-wise work as eager PyTorch ops."""
     return stack_fact(stacks.table().eager, plan)

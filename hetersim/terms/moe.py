@@ -111,6 +111,17 @@ ROUTER_BYTES_PER_EXPERT = 24.0
 ROUTER_KERNELS = 4.0
 PERMUTE_KERNELS = 2.0
 SORT_KERNELS = 2.0
+# The experts' second-linear bias (GPT-OSS): Transformer Engine's grouped linear returns it apart
+# and Megatron-Core adds it weighted by each token's router probability, per local expert, as
+# eager ops (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/moe/experts.py
+# TEGroupedMLP._apply_bias: torch.cat of ``t + b * p`` over the experts' splits of the output,
+# after a host sync for the split sizes, which is not priced). Forward per routed hidden element:
+# b * p writes 2 bytes, the add reads 4 and writes 2, the cat reads and writes 2 each: 12 bytes,
+# two kernels per local expert and the cat. Backward: the add passes the gradient on; the bias's
+# and the probabilities' gradients each read it once (2 + 2), a reduction per expert each; the
+# split's gradient concatenates the pieces (read and write 2 each): 8 bytes, 2 kernels per local
+# expert and the cat.
+EXPERT_BIAS_BYTES = (12.0, 8.0)
 
 
 def sorts_by_expert(m: ModelSpec, plan: Plan):
@@ -173,10 +184,31 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
 
 def moe_act_fn_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
     """The routed and shared experts' activation functions alone (recomputed under selective
-    recomputation: Megatron's ``moe_act`` recompute module)."""
+    recomputation: Megatron's ``moe_act`` recompute module), with their input clamps."""
     e = compute.act_bytes(plan) / 2.0
     width = routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp + compute.tokens(plan) * m.shared_ffn_hidden / plan.tp
-    return compute.stream_s(dev, cal, e * compute.act_fn_bytes(m, plan) * width, 2.0)
+    act = compute.stream_s(dev, cal, e * compute.act_fn_bytes(m, plan) * width, 2.0)
+    return act + _clamps_s(dev, cal, m, plan, backward=False)
+
+
+def _clamps_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan, backward: bool):
+    """The routed experts' input clamps (none where one fused grouped MLP takes them in) and the
+    shared experts' (:func:`hetersim.terms.compute.clamp_s`), one pass."""
+    fused = jnp.where(plan.fused_experts > 0, 1.0, 0.0)
+    routed = compute.clamp_s(dev, cal, m, plan, routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp, backward, fused)
+    shared = compute.clamp_s(dev, cal, m, plan, compute.tokens(plan) * m.shared_ffn_hidden / plan.tp, backward)
+    return routed + jnp.where(m.shared_ffn_hidden > 0, shared, 0.0)
+
+
+def experts_extras_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan, backward: bool):
+    """One pass of the experts' point-wise extras a stack runs apart: the input clamps and the
+    second linear's bias (:data:`EXPERT_BIAS_BYTES`); none under a compiling stack, and none of the
+    routed experts' where one fused grouped MLP kernel runs them."""
+    fused = jnp.where(plan.fused_experts > 0, 1.0, 0.0)
+    share = m.expert_bias * (1.0 - compute.compiled(plan)) * (1.0 - fused)
+    nbytes = share * compute.act_bytes(plan) / 2.0 * routed_tokens(m, plan) * m.hidden * EXPERT_BIAS_BYTES[backward]
+    bias = compute.stream_s(dev, cal, nbytes, share * (2.0 * local_experts(m, plan) + 1.0))
+    return bias + _clamps_s(dev, cal, m, plan, backward)
 
 
 def dispatch_bytes(m: ModelSpec, plan: Plan):
