@@ -181,7 +181,10 @@ def p2p_chunk_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     and its gradient backward, once per model chunk."""
     _, _, _, s_pp = comm.strides(plan)
     T = plan.micro_batch * plan.seq_len / plan.cp
-    nbytes = T * model.hidden * compute.act_bytes(plan) / jnp.where(plan.sp > 0, plan.tp, 1.0)
+    # Each TP rank sends 1/tp where sequence parallelism has split the activation or the stack
+    # scatters it (p2p_scatter_gather: Megatron-LM's scatter/gather, DeepSpeed's partitioning).
+    split = (plan.sp > 0) | (compute.stack_fact(stacks.table().p2p_scatter_gather, plan) > 0)
+    nbytes = T * model.hidden * compute.act_bytes(plan) / jnp.where(split, plan.tp, 1.0)
     p2p = 2.0 * plan.vp * comm.p2p_s(system.network, s_pp, nbytes, n=plan.pp)
     # A stack whose pipeline sends block (DeepSpeed's engine) hides none of it.
     hidden = cal.pp_overlap * compute.stack_fact(stacks.table().p2p_overlap, plan)

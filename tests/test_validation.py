@@ -50,10 +50,11 @@ def test_step_time_error_is_bounded(report):
 @pytest.mark.parametrize(
     "label, bound",
     [
-        # 5.4% since Megatron-LM 2022 (the megatron-legacy profile) pays its forward tensor-parallel
-        # collectives in full, as that stack did (4.5% when a fitted share of them was hidden for
-        # every stack); the trust issue's target is 4%.
-        ("Korthikanti 2022", 5.5),
+        # 6.3% since its pipeline sends block (Megatron-LM 2022 waits on each batched send and
+        # synchronizes; scatter/gather sends 1/tp: the megatron-legacy profile), 5.4% before; 4.5%
+        # when a fitted share of the forward TP collectives was hidden for every stack; the trust
+        # issue's target is 4%.
+        ("Korthikanti 2022", 6.5),
         ("Narayanan SC'21", 6.5),  # 5.7% (7.3% with whole ZeRO-3 layers in HBM)
         ("NVIDIA/Megatron-LM", 12.5),
         ("NVIDIA/NeMo", 6.5),  # 6.0% (5.1% before the stack profiles and attention by shape)
