@@ -42,7 +42,7 @@ class LayerCosts:
 def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> LayerCosts:
     dev, net = system.device, system.network
     plan = compute.resolve_kernels(dev, plan)
-    s_tp, s_cp, _, _ = comm.strides(plan)
+    s_tp, _, _, _ = comm.strides(plan)
     T = plan.micro_batch * plan.seq_len / plan.cp
     act = compute.act_bytes(plan)
 
@@ -60,11 +60,8 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     layer_f = gemm_f + attn_f + ew_f
     layer_b = gemm_b + attn_b + ew_b
     if model.extra is not None:  # point-wise extras a hand-fused stack runs apart (GPT-OSS)
-        rope_x = compute.rope_unfused_s(dev, cal, model, plan)
-        ffn = compute.tokens(plan) * model.ffn_hidden / plan.tp
-        act_fn_s = act_fn_s + compute.clamp_s(dev, cal, model, plan, ffn, False)
-        layer_f = layer_f + rope_x + compute.clamp_s(dev, cal, model, plan, ffn, False)
-        layer_b = layer_b + rope_x + compute.clamp_s(dev, cal, model, plan, ffn, True)
+        x_f, x_b, clamp_f = _dense_extras(dev, cal, model, plan)
+        layer_f, layer_b, act_fn_s = layer_f + x_f, layer_b + x_b, act_fn_s + clamp_f
 
     # Tensor parallel: per layer 2 all-gathers + 2 reduce-scatters with SP (2 all-reduces
     # without) of the b*s*h activation in the forward, the same again in the backward.
@@ -80,8 +77,36 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     tp_f = jnp.where(plan.tp > 1, (1.0 - tp_hidden) * tp_pass, 0.0)
     tp_b = jnp.where(plan.tp > 1, pos(tp_pass - 0.5 * gemm_b), 0.0)
 
-    # Context parallel: ring attention passes K and V around the cp ranks in the forward, and
-    # K, V, dK, dV in the backward, overlapped with the attention blocks it feeds.
+    cp_f, cp_b = _cp_exposed(model, net, plan, attn_f, attn_b)
+
+    # Recomputation during the backward: the whole forward (full) or the attention core
+    # (selective); with flash attention selective recomputation also rebuilds the activation
+    # function's output, which it does not store (memory.layer_activation_bytes).
+    rc = plan.recompute_code
+    selective = attn_f + jnp.where(plan.attention_code != Attention.MATERIALIZED, act_fn_s, 0.0)
+    if model.extra is not None:  # MLA's up projections instead of the attention core (mla_up_proj)
+        mla_up = compute.mla_up_proj_fwd_s(dev, cal, model, plan)
+        selective = jnp.where(compute.mla_up_recompute(model, plan), mla_up, selective)
+    recomp = jnp.where(
+        rc == Recompute.FULL, layer_f + tp_f + cp_f, jnp.where(rc == Recompute.SELECTIVE, selective, 0.0)
+    )
+    head = compute.head_s(dev, cal, model, plan)
+
+    if model.extra is None:  # a dense model has no MoE layer: none of its terms are traced
+        m = dict.fromkeys(("moe_f", "moe_b", "moe_recomp", "moe_tp_f", "moe_tp_b", "ep_f", "ep_b"), 0.0)
+    else:
+        parts = dict(attn_gemm_f=attn_gemm_f, attn_gemm_b=attn_gemm_b, attn_f=attn_f, attn_b=attn_b, cp_f=cp_f)
+        m = _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden)
+    return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, **m)
+
+
+def _cp_exposed(model: ModelSpec, net, plan: Plan, attn_f, attn_b):
+    """Exposed context-parallel traffic (forward, backward) of one layer: ring attention passes K and
+    V around the cp ranks in the forward, and K, V, dK, dV in the backward, overlapped with the
+    attention blocks it feeds."""
+    _, s_cp, _, _ = comm.strides(plan)
+    T = plan.micro_batch * plan.seq_len / plan.cp
+    act = compute.act_bytes(plan)
     # MLA passes its up-projected keys and values (a*(d + d_r) and a*d_v per token).
     # PyTorch's ring attention (torchtitan; the stack fact cp_torch_ring) passes K/V repeated to
     # the query heads and the backward's dK/dV in fp32. Its default all-gather rotation fetches all
@@ -105,26 +130,17 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     gather_b = pos((plan.cp - 1.0) * ring_step - step_b) + (plan.cp - 1.0) * pos(dkv_step - step_b)
     cp_f = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_f, ring_f), 0.0)
     cp_b = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_b, ring_b), 0.0)
+    return cp_f, cp_b
 
-    # Recomputation during the backward: the whole forward (full) or the attention core
-    # (selective); with flash attention selective recomputation also rebuilds the activation
-    # function's output, which it does not store (memory.layer_activation_bytes).
-    rc = plan.recompute_code
-    selective = attn_f + jnp.where(plan.attention_code != Attention.MATERIALIZED, act_fn_s, 0.0)
-    if model.extra is not None:  # MLA's up projections instead of the attention core (mla_up_proj)
-        mla_up = compute.mla_up_proj_fwd_s(dev, cal, model, plan)
-        selective = jnp.where(compute.mla_up_recompute(model, plan), mla_up, selective)
-    recomp = jnp.where(
-        rc == Recompute.FULL, layer_f + tp_f + cp_f, jnp.where(rc == Recompute.SELECTIVE, selective, 0.0)
-    )
-    head = compute.head_s(dev, cal, model, plan)
 
-    if model.extra is None:  # a dense model has no MoE layer: none of its terms are traced
-        m = dict.fromkeys(("moe_f", "moe_b", "moe_recomp", "moe_tp_f", "moe_tp_b", "ep_f", "ep_b"), 0.0)
-    else:
-        parts = dict(attn_gemm_f=attn_gemm_f, attn_gemm_b=attn_gemm_b, attn_f=attn_f, attn_b=attn_b, cp_f=cp_f)
-        m = _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden)
-    return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, **m)
+def _dense_extras(dev, cal, model: ModelSpec, plan: Plan):
+    """(forward, backward, the clamp alone) of a dense layer's point-wise extras that a hand-fused
+    stack runs apart: the scaled rotary embedding and the FFN input's clamp
+    (:func:`hetersim.terms.compute.rope_unfused_s`, :func:`~hetersim.terms.compute.clamp_s`)."""
+    rope = compute.rope_unfused_s(dev, cal, model, plan)
+    ffn = compute.tokens(plan) * model.ffn_hidden / plan.tp
+    clamp_f = compute.clamp_s(dev, cal, model, plan, ffn, False)
+    return rope + clamp_f, rope + compute.clamp_s(dev, cal, model, plan, ffn, True), clamp_f
 
 
 def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str, Any]:
