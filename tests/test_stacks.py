@@ -39,6 +39,7 @@ def test_every_stack_has_a_complete_cited_profile():
             "elementwise",
             "tp_comm_overlap",
             "p2p_overlap",
+            "p2p_scatter_gather",
             "dp_overlap",
             "cp_torch_ring",
         ):
@@ -321,3 +322,25 @@ def test_a_measured_or_host_figure_out_of_range_is_one_line(setting, says):
     result = CliRunner().invoke(app, [*EVAL, "--set", setting])
     assert result.exit_code == 2
     assert result.output.startswith("error: --set:") and says in result.output and result.output.count("\n") == 1
+
+
+def test_legacy_megatron_pipeline_sends_block_and_carry_a_tp_share(catalog, cal):
+    """Megatron-LM 2020-22 waits on every batched send and synchronizes (megatron-legacy:
+    p2p_overlap false) and scatters each activation over the TP ranks (p2p_scatter_gather), so a
+    stage's sends cost 2 x vp transfers of 1/tp of it in full; Megatron-Core without sequence
+    parallelism sends it whole and hides the calibrated share pp_overlap."""
+    from hetersim.layer import p2p_chunk_s
+    from hetersim.terms import comm
+
+    kw = dict(n_gpus=64, tp=8, pp=4, vp=2, sp=False, global_batch=64, seq_len=2048)
+    m, system, legacy = make(catalog, "llama2-70b", stack="megatron-legacy", **kw)
+    _, _, core = make(catalog, "llama2-70b", stack="megatron", **kw)
+    _, _, _, s_pp = comm.strides(legacy)
+    whole = 2048 * float(m.hidden) * 2.0
+
+    def send(nbytes):
+        return float(comm.p2p_s(system.network, s_pp, nbytes, n=4.0))
+
+    assert float(p2p_chunk_s(m, system, legacy, cal)) == pytest.approx(2 * 2 * send(whole / 8), rel=1e-6)
+    hidden = float(cal.pp_overlap)
+    assert float(p2p_chunk_s(m, system, core, cal)) == pytest.approx((1 - hidden) * 2 * 2 * send(whole), rel=1e-6)
