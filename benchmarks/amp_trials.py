@@ -19,7 +19,8 @@ memory: AMP's launcher kills a trial after 200 s of wall time, start-up and 41 i
 (``DS/launcher/launch.py`` l.178-184 at 72eeea4), so the count of failed trials the model flags or
 prices slower than :data:`TIMEOUT_ITER_S` per iteration is printed too. The devices and networks come from
 ``tests/data/plans/kinds.toml`` (a user catalog file), the stack is ``deepspeed`` and gradients
-are reduced in fp32, as AMP's ``examples/ds_config.json`` sets (``fp32_allreduce``).
+are reduced in fp32, as AMP's ``examples/ds_config.json`` sets (``fp32_allreduce``); sequence
+parallelism is off, which AMP's Megatron-LM v1.1.5 predates (it came with Korthikanti et al. 2022).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def plan_of(t: dict, grad_reduce: str):
             kind = V100 if s * t["tp"] * t["dp"] + r * t["tp"] < FIRST_T4_RANK else T4
             reps[kind] = reps.get(kind, 0) + 1
         stages.append(hplan.Stage(layers, tuple(hplan.Replica(k, t["tp"], n) for k, n in reps.items())))
-    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack="deepspeed")
+    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack="deepspeed", sp=False)
     opts["grad_reduce"] = grad_reduce
     return hplan.HeteroPlan((hplan.Pipeline(tuple(stages)),), "equal", opts, cluster=f"{V100}:12,{T4}:4")
 
