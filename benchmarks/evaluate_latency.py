@@ -66,6 +66,14 @@ def main() -> None:
     # project's modules from source again, about 0.1 s of each row here.
     bytecode = "off (PYTHONDONTWRITEBYTECODE is set)" if sys.dont_write_bytecode else "on (Python's default)"
     print(f"bytecode cache: {bytecode}")
+    # JAX's import reads the metadata of every installed distribution (its ROCm-plugin discovery,
+    # jax/_src/numpy/array_constructors.py in 0.10.2): a fuller environment starts slower.
+    import importlib.metadata
+
+    import jax
+
+    dists = sum(1 for _ in importlib.metadata.distributions())
+    print(f"python: {sys.executable}, {dists} installed distributions, jax {jax.__version__}")
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump([{"run": label, "wall_s": wall} for label, wall in rows], handle, indent=2)
