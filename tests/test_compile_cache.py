@@ -153,3 +153,24 @@ def test_enable_makes_the_folder_and_keeps_it(tmp_path, monkeypatch):
     assert (folder / "exe").is_dir() and (folder / "xla").is_dir()
     assert compile_cache.enabled() == folder
     assert (folder.stat().st_mode & 0o077) == 0  # the owner's only
+
+
+def test_the_fast_compiled_model_gives_the_same_numbers_as_plain_jit(catalog, cal):
+    """compile_fast (XLA's CPU backend at LLVM -O1, for compile time) runs the same HLO: every
+    output of simulate equals plain jax.jit's for dense and MoE layouts."""
+    from hetersim.simulate import simulate
+
+    from .conftest import make
+
+    layouts = [
+        make(catalog, "llama2-70b", tp=8, pp=4, vp=5, n_gpus=512, global_batch=1024, recompute="selective"),
+        make(catalog, "llama3-8b", tp=1, pp=1, n_gpus=8, global_batch=64, zero=3, seq_len=8192, stack="torchtitan"),
+        make(catalog, "mixtral-8x7b", tp=1, pp=1, ep=8, n_gpus=64, global_batch=256, sp=False),
+    ]
+    jitted = jax.jit(simulate)
+    for model, system, plan in layouts:
+        args = (model, system, plan, cal)
+        fast = compile_cache.compile_fast(jitted, args)(*args)
+        plain = jitted(*args)
+        for got, want in zip(jax.tree.leaves(fast), jax.tree.leaves(plain), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=0.0)
