@@ -42,7 +42,7 @@ class LayerCosts:
 def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> LayerCosts:
     dev, net = system.device, system.network
     plan = compute.resolve_kernels(dev, plan)
-    s_tp, _, _, _ = comm.strides(plan)
+    s_tp, s_cp, _, _ = comm.strides(plan)
     T = plan.micro_batch * plan.seq_len / plan.cp
     act = compute.act_bytes(plan)
 
@@ -77,7 +77,7 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     tp_f = jnp.where(plan.tp > 1, (1.0 - tp_hidden) * tp_pass, 0.0)
     tp_b = jnp.where(plan.tp > 1, pos(tp_pass - 0.5 * gemm_b), 0.0)
 
-    cp_f, cp_b = _cp_exposed(model, net, plan, attn_f, attn_b)
+    cp_f, cp_b = _cp_exposed(model, net, plan, s_cp, T, act, attn_f, attn_b)
 
     # Recomputation during the backward: the whole forward (full) or the attention core
     # (selective); with flash attention selective recomputation also rebuilds the activation
@@ -100,13 +100,11 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     return LayerCosts(layer_f, layer_b, recomp, tp_f, tp_b, cp_f, cp_b, head, **m)
 
 
-def _cp_exposed(model: ModelSpec, net, plan: Plan, attn_f, attn_b):
+def _cp_exposed(model: ModelSpec, net, plan: Plan, s_cp, T, act, attn_f, attn_b):
     """Exposed context-parallel traffic (forward, backward) of one layer: ring attention passes K and
     V around the cp ranks in the forward, and K, V, dK, dV in the backward, overlapped with the
-    attention blocks it feeds."""
-    _, s_cp, _, _ = comm.strides(plan)
-    T = plan.micro_batch * plan.seq_len / plan.cp
-    act = compute.act_bytes(plan)
+    attention blocks it feeds; ``T`` tokens on the rank, ``act`` bytes per activation, ``s_cp``
+    the context-parallel stride (as :func:`layer_costs` has them)."""
     # MLA passes its up-projected keys and values (a*(d + d_r) and a*d_v per token).
     # PyTorch's ring attention (torchtitan; the stack fact cp_torch_ring) passes K/V repeated to
     # the query heads and the backward's dK/dV in fp32. Its default all-gather rotation fetches all

@@ -188,13 +188,17 @@ def moe_act_fn_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
     e = compute.act_bytes(plan) / 2.0
     width = routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp + compute.tokens(plan) * m.shared_ffn_hidden / plan.tp
     act = compute.stream_s(dev, cal, e * compute.act_fn_bytes(m, plan) * width, 2.0)
-    return act + _clamps_s(dev, cal, m, plan, backward=False)
+    return act + _clamps_s(dev, cal, m, plan, False, _fused_mlp(plan))
 
 
-def _clamps_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan, backward: bool):
-    """The routed experts' input clamps (none where one fused grouped MLP takes them in) and the
-    shared experts' (:func:`hetersim.terms.compute.clamp_s`), one pass."""
-    fused = jnp.where(plan.fused_experts > 0, 1.0, 0.0)
+def _fused_mlp(plan: Plan):
+    """1.0 where the routed experts run as one fused grouped MLP kernel (``fused_experts``)."""
+    return jnp.where(plan.fused_experts > 0, 1.0, 0.0)
+
+
+def _clamps_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan, backward: bool, fused):
+    """The routed experts' input clamps (none where one fused grouped MLP takes them in: ``fused``)
+    and the shared experts' (:func:`hetersim.terms.compute.clamp_s`), one pass."""
     routed = compute.clamp_s(dev, cal, m, plan, routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp, backward, fused)
     shared = compute.clamp_s(dev, cal, m, plan, compute.tokens(plan) * m.shared_ffn_hidden / plan.tp, backward)
     return routed + jnp.where(m.shared_ffn_hidden > 0, shared, 0.0)
@@ -204,11 +208,11 @@ def experts_extras_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan
     """One pass of the experts' point-wise extras a stack runs apart: the input clamps and the
     second linear's bias (:data:`EXPERT_BIAS_BYTES`); none under a compiling stack, and none of the
     routed experts' where one fused grouped MLP kernel runs them."""
-    fused = jnp.where(plan.fused_experts > 0, 1.0, 0.0)
+    fused = _fused_mlp(plan)
     share = m.expert_bias * (1.0 - compute.compiled(plan)) * (1.0 - fused)
     nbytes = share * compute.act_bytes(plan) / 2.0 * routed_tokens(m, plan) * m.hidden * EXPERT_BIAS_BYTES[backward]
     bias = compute.stream_s(dev, cal, nbytes, share * (2.0 * local_experts(m, plan) + 1.0))
-    return bias + _clamps_s(dev, cal, m, plan, backward)
+    return bias + _clamps_s(dev, cal, m, plan, backward, fused)
 
 
 def dispatch_bytes(m: ModelSpec, plan: Plan):
