@@ -302,10 +302,6 @@ def check(plan: HeteroPlan, model: Mapping[str, Any], cluster: Mapping[str, int]
                 raise ValueError(
                     f"{pwhere}: the stages' layers sum to {got}; the model has {layers} (stage layers must cover them)"
                 )
-            for i, s in enumerate(p.stages):
-                if s.layers == 0 and 0 < i < len(p.stages) - 1:
-                    raise ValueError(f"{pwhere} stage {i}: layers 0 is allowed only for the first (embedding) "
-                                     "or the last (head) stage")  # fmt: skip
         elif len(p.stages) > layers:
             raise ValueError(f"{pwhere}: {len(p.stages)} stages for the model's {layers} layers")
         for i, s in enumerate(p.stages):

@@ -297,6 +297,12 @@ def _layer_split(model, hs, st, lc) -> dict[str, Any]:
     held = jnp.where(st.s_on, hs.stage_count * base + extra, 0.0)  # layers of each group of stages
     covered = jnp.abs(jnp.sum(held, axis=1) - total) < 0.5
     ok = jnp.all(jnp.where(st.p_on, covered, True)) & jnp.all(jnp.where(st.s_on & balanced, base >= 1.0, True))
+    # A stage without layers holds parameters only as the first (embedding) or the last (head):
+    # a middle one has none, and its optimizer cannot be built (PyTorch's Optimizer raises
+    # "optimizer got an empty parameter list", torch/optim/optimizer.py Optimizer.__init__).
+    empty = jnp.where(base < 0.5, hs.stage_count - extra, 0.0)  # stages of the group with no layer
+    allowed = jnp.where(st.first, 1.0, 0.0) + jnp.where(st.last, 1.0, 0.0)
+    ok = ok & jnp.all(jnp.where(st.s_on, empty <= allowed, True))
     layers = jnp.where(st.s_on, base + (extra > 0), 0.0)  # the busiest stage of each group
     return dict(base=base, extra=extra, layers=layers, held=held, ok=ok, lt=lt, total=total)
 

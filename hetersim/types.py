@@ -255,7 +255,7 @@ class Infeasible(enum.IntFlag):
     NONE = 0
     GPU_COUNT = 1  # tp*pp*dp*cp does not equal the GPU count
     BATCH_DIVIDE = 2  # global batch not a multiple of micro_batch * dp
-    LAYERS_DIVIDE = 4  # a stage chunk without layers; interleaving: layers (+1, +2) not divisible by pp * vp
+    LAYERS_DIVIDE = 4  # a stage chunk without layers (a middle stage: no parameters); interleaving: layers (+1, +2) not divisible by pp * vp
     HEADS_DIVIDE = 8  # heads or kv heads not divisible by tp
     SEQ_DIVIDE = 16  # sequence not divisible by 2 * cp (load-balanced causal CP)
     SCHEDULE = 32  # interleaving needs pp > 1 and micro-batches a multiple of pp
@@ -277,7 +277,8 @@ class Infeasible(enum.IntFlag):
 REASONS = {
     Infeasible.GPU_COUNT: "tp*pp*dp*cp does not equal the number of GPUs",
     Infeasible.BATCH_DIVIDE: "global batch is not a multiple of micro_batch*dp",
-    Infeasible.LAYERS_DIVIDE: "fewer layers than pp*vp, or (vp>1) layers, layers+1, layers+2 not divisible by pp*vp",
+    Infeasible.LAYERS_DIVIDE: "fewer layers than pp*vp, or (vp>1) layers, layers+1, layers+2 not divisible by pp*vp, "
+    "or a middle pipeline stage without layers (no parameters: PyTorch's optimizer refuses an empty parameter list)",
     Infeasible.HEADS_DIVIDE: "attention heads or KV heads are not divisible by tp",
     Infeasible.SEQ_DIVIDE: "sequence length is not divisible by 2*cp",
     Infeasible.SCHEDULE: "interleaving (vp>1) needs pp>1 and a number of micro-batches divisible by pp",

@@ -210,6 +210,16 @@ def test_layers_that_do_not_cover_the_model_are_flagged_in_the_traced_model(cata
     assert int(_evaluate(catalog, cal, hp).total.infeasible) & int(Infeasible.LAYERS_DIVIDE)
 
 
+def test_a_middle_stage_without_layers_is_flagged_and_an_end_stage_without_layers_is_not(catalog, cal):
+    """AMP's search places a boundary after its no-op entry (DachengLi1/AMP het_cluster_results.txt:
+    stage [1, 2) of a pp 16 plan), a stage with no parameters: the trial failed. Only the first
+    (embedding) or last (head) stage may hold no layers."""
+    middle = _one_pipeline([(16, [(H100, 1, 1)]), (0, [(H100, 1, 1)]), (16, [(H100, 1, 1)])])
+    assert int(_evaluate(catalog, cal, middle).total.infeasible) & int(Infeasible.LAYERS_DIVIDE)
+    ends = _one_pipeline([(0, [(H100, 1, 1)]), (16, [(H100, 1, 1)]), (16, [(H100, 1, 1)]), (0, [(H100, 1, 1)])])
+    assert int(_evaluate(catalog, cal, ends).total.infeasible) == 0
+
+
 # --------------------------------------------------------------------------------------------
 # The file format and its errors
 # --------------------------------------------------------------------------------------------
