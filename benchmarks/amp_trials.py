@@ -9,7 +9,10 @@ by Megatron to a multiple of 128 x TP: 50,304 / 50,432 / 50,688 at TP 1 / 2 / 4,
 p3.8xlarge nodes (4 V100-16GB each, NVLink, 10 Gbps between nodes) and one g4dn.12xlarge (4 T4,
 PCIe, 50 Gbps), global batch 32, ranks ordered tp, dp, pp (``amp_utils.axis2rank``), stage
 boundaries indexing AMP's 30-entry layer list ``[embed, noop, 24 x layer, noop, noop, head,
-noop]``. ``FILE`` is a copy of that file; nothing of it ships with HeterSim.
+noop]``. ``FILE`` is a copy of that file; nothing of it ships with HeterSim. With
+``--homogeneous`` ``FILE`` is instead a copy of ``src/results/homogeneous_results.txt``, the 52
+trials of AMP's homogeneous experiment: the same model and batch on four g4dn.12xlarge nodes (16 T4,
+50 Gbps; ``src/homogeneous.py`` ``cluster_info`` and ``known_cost/gpt2_G4_*``).
 
 This is a physics check, never a fitting target: it prints the step-time MAPE over the trials
 that ran, the Spearman rank correlation of predicted and measured step time (and AMP's own),
@@ -41,6 +44,7 @@ TRIAL = re.compile(
 V100, T4 = "v100-16gb", "t4-16gb"
 TIMEOUT_ITER_S = 200.0 / 41  # AMP's 200 s launcher limit over its 41 iterations (start-up left out)
 FIRST_T4_RANK = 12  # nodes 0-2 are the p3.8xlarge nodes (src/het_cluster.py cluster_info)
+N_GPUS = 16
 
 
 def trials(text: str) -> list[dict]:
@@ -61,7 +65,12 @@ def trials(text: str) -> list[dict]:
     return out
 
 
-def plan_of(t: dict, grad_reduce: str):
+def counts(first_t4: int) -> dict[str, int]:
+    """GPUs of each kind: ranks below ``first_t4`` are V100s, the rest T4s."""
+    return {k: n for k, n in ((V100, first_t4), (T4, N_GPUS - first_t4)) if n}
+
+
+def plan_of(t: dict, grad_reduce: str, first_t4: int = FIRST_T4_RANK):
     from hetersim import hplan
 
     stages = []
@@ -70,12 +79,13 @@ def plan_of(t: dict, grad_reduce: str):
         layers = sum(1 for e in range(lo, hi) if 2 <= e <= 25)  # entries 2..25 are the 24 layers
         reps: dict[str, int] = {}
         for r in range(t["dp"]):
-            kind = V100 if s * t["tp"] * t["dp"] + r * t["tp"] < FIRST_T4_RANK else T4
+            kind = V100 if s * t["tp"] * t["dp"] + r * t["tp"] < first_t4 else T4
             reps[kind] = reps.get(kind, 0) + 1
         stages.append(hplan.Stage(layers, tuple(hplan.Replica(k, t["tp"], n) for k, n in reps.items())))
     opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack="deepspeed", sp=False)
     opts["grad_reduce"] = grad_reduce
-    return hplan.HeteroPlan((hplan.Pipeline(tuple(stages)),), "equal", opts, cluster=f"{V100}:12,{T4}:4")
+    cluster = ",".join(f"{k}:{n}" for k, n in counts(first_t4).items())
+    return hplan.HeteroPlan((hplan.Pipeline(tuple(stages)),), "equal", opts, cluster=cluster)
 
 
 def padded_vocab(tp: int, tokens: int = 50257, multiple: int = 128) -> int:
@@ -93,6 +103,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="a copy of AMP's src/results/het_cluster_results.txt")
     ap.add_argument("--grad-reduce", default="fp32", help="gradient reduction dtype (AMP's config: fp32)")
+    ap.add_argument(
+        "--homogeneous", action="store_true", help="FILE is AMP's homogeneous_results.txt (16 T4 on 4 g4dn nodes)"
+    )
     args = ap.parse_args()
 
     from hetersim import api, build, hsim
@@ -105,8 +118,9 @@ def main() -> None:
     engine = api._compiled("plan")
     rows = []
     for t in trials(args.results.read_text(encoding="utf-8")):
-        hp = plan_of(t, args.grad_reduce)
-        hs = hsim.hetero_spec(hp, catalog, {V100: 12, T4: 4}, shape=(2, 16, 2), kinds=[V100, T4])
+        first_t4 = 0 if args.homogeneous else FIRST_T4_RANK
+        hp = plan_of(t, args.grad_reduce, first_t4)
+        hs = hsim.hetero_spec(hp, catalog, counts(first_t4), shape=(2, 16, 2), kinds=[V100, T4])
         out = engine(models[t["tp"]], hs, hsim.common_plan(hp, 1024), cal).total
         rows.append(dict(t, predicted_s=float(out.step_time_s), flagged=int(out.infeasible) != 0))
     ran = [r for r in rows if math.isfinite(r["measured_s"])]

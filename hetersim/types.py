@@ -255,7 +255,7 @@ class Infeasible(enum.IntFlag):
     NONE = 0
     GPU_COUNT = 1  # tp*pp*dp*cp does not equal the GPU count
     BATCH_DIVIDE = 2  # global batch not a multiple of micro_batch * dp
-    LAYERS_DIVIDE = 4  # a stage chunk without layers (a middle stage: no parameters); interleaving: layers (+1, +2) not divisible by pp * vp
+    LAYERS_DIVIDE = 4  # a stage (chunk) without layers in the middle; vp > 1: layers (+1, +2) not divisible by pp * vp
     HEADS_DIVIDE = 8  # heads or kv heads not divisible by tp
     SEQ_DIVIDE = 16  # sequence not divisible by 2 * cp (load-balanced causal CP)
     SCHEDULE = 32  # interleaving needs pp > 1 and micro-batches a multiple of pp
