@@ -116,11 +116,12 @@ def main() -> None:
     models = {tp: build.model_spec(model_from_dims(**dims, vocab=padded_vocab(tp))) for tp in (1, 2, 4, 8)}
     cal = api.default_calibration()
     engine = api._compiled("plan")
+    first_t4 = 0 if args.homogeneous else FIRST_T4_RANK
+    cluster = counts(first_t4)
     rows = []
     for t in trials(args.results.read_text(encoding="utf-8")):
-        first_t4 = 0 if args.homogeneous else FIRST_T4_RANK
         hp = plan_of(t, args.grad_reduce, first_t4)
-        hs = hsim.hetero_spec(hp, catalog, counts(first_t4), shape=(2, 16, 2), kinds=[V100, T4])
+        hs = hsim.hetero_spec(hp, catalog, cluster, shape=(2, 16, 2), kinds=[V100, T4])
         out = engine(models[t["tp"]], hs, hsim.common_plan(hp, 1024), cal).total
         rows.append(dict(t, predicted_s=float(out.step_time_s), flagged=int(out.infeasible) != 0))
     ran = [r for r in rows if math.isfinite(r["measured_s"])]

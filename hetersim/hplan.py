@@ -3,8 +3,9 @@ and tensor-parallel degree (host side: the file format, its checks, the shorthan
 
 A plan is one or more **pipelines** (data-parallel copies of the whole model; a pipeline may
 be repeated ``count`` times), each a list of **stages** in order, each stage holding
-``layers`` transformer layers (0: an embedding-only first or head-only last stage) and one or
-more **replica groups**: ``count`` replicas of the stage on device kind ``gpu`` with tensor
+``layers`` transformer layers (0: an embedding-only first or head-only last stage; a middle
+stage with none holds no parameters and is flagged infeasible, ``hsim``) and one or more
+**replica groups**: ``count`` replicas of the stage on device kind ``gpu`` with tensor
 parallelism ``tp``. Replicas of one stage may sit on different kinds and use different TP
 degrees — data parallelism across kinds inside a stage (Cephalo, AMP's rank-ordered
 placements) — and pipelines may split the layers differently (FlashFlex/HexiScale). The first
