@@ -111,6 +111,7 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
     kv_lora = _count(entry, "kv_lora_rank")
     head_dim = float(entry.get("head_dim") or entry["hidden"] / entry["heads"])
     window = _count(entry, "sliding_window")
+    groups, group_topk = _route_groups(entry, name, n_exp)
     return dict(
         n_experts=n_exp,
         top_k=top_k if n_exp > 0 else 0.0,
@@ -128,7 +129,23 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
         glu_clamp=1.0 if _count(entry, "glu_clamp") > 0 else 0.0,
         expert_bias=1.0 if n_exp > 0 and bool(entry.get("expert_bias", False)) else 0.0,
         rope_scaled=1.0 if abs(_count(entry, "rope_attention_scale", 1.0) - 1.0) > 1e-6 else 0.0,
+        route_groups=groups,
+        route_group_topk=group_topk,
     )
+
+
+def _route_groups(entry: Mapping[str, Any], name: str, n_exp: float) -> tuple[float, float]:
+    """(groups, groups a token may pick) of group-limited routing; (0, 0) where it is off (no
+    groups, one group, or every group allowed, as Hugging Face's ``n_group = topk_group = 1``)."""
+    groups, topk = _count(entry, "route_groups"), _count(entry, "route_group_topk")
+    if groups <= 1 or n_exp <= 0:
+        return 0.0, 0.0
+    if n_exp % groups or not 1 <= topk <= groups:
+        raise ValueError(
+            f"model {name}: route_groups must divide n_experts = {n_exp:g} and route_group_topk be "
+            f"between 1 and route_groups; got {groups:g}, {topk:g}"
+        )
+    return (0.0, 0.0) if topk >= groups else (groups, topk)
 
 
 def device_spec(gpu: Mapping[str, Any]) -> DeviceSpec:

@@ -318,6 +318,8 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
             out["dense_layers"] = config["first_k_dense_replace"]
         if _is_number(config.get("decoder_sparse_step")) and config["decoder_sparse_step"] > 1:
             out["moe_every"] = config["decoder_sparse_step"]
+        if _is_number(config.get("n_group")) and config["n_group"] > 1 and _is_number(config.get("topk_group")):
+            out["route_groups"], out["route_group_topk"] = config["n_group"], config["topk_group"]
         if config.get("mlp_only_layers"):
             raise _fail(origin, "mlp_only_layers: dense layers at chosen positions are not modelled")
     if _is_number(config.get("kv_lora_rank")) and config["kv_lora_rank"]:

@@ -223,6 +223,10 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "shared_ffn_hidden": _NONNEGATIVE.optional(),
         "dense_layers": _NONNEGATIVE.optional(),
         "moe_every": _COUNT.optional(),
+        # Optional, group-limited routing: routed-expert groups and the groups a token may pick
+        # (Hugging Face n_group / topk_group; DeepSeek-V3 8 / 4).
+        "route_groups": _COUNT.optional(),
+        "route_group_topk": _COUNT.optional(),
         # Optional, multi-head latent attention (DeepSeek MLA): head_dim is then qk_nope_head_dim.
         "q_lora_rank": _NONNEGATIVE.optional(),
         "kv_lora_rank": _NONNEGATIVE.optional(),

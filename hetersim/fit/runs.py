@@ -185,6 +185,7 @@ ATTENTION_KINDS = ("mha", "gqa", "mla")
 _CATALOG_EXTRAS = (
     "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers",
     "sliding_window", "sliding_window_share", "moe_every", "glu_clamp", "expert_bias", "rope_attention_scale",
+    "route_groups", "route_group_topk",
 )  # fmt: skip
 # Busiest expert-parallel rank's routed tokens over the mean where a row's router ran as trained
 # (``routing = learned``): see LEARNED_IMBALANCE_SOURCE.

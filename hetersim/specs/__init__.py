@@ -57,6 +57,8 @@ class ModelSpec:
     glu_clamp = property(lambda self: self._x("glu_clamp"))
     expert_bias = property(lambda self: self._x("expert_bias"))
     rope_scaled = property(lambda self: self._x("rope_scaled"))
+    route_groups = property(lambda self: self._x("route_groups"))
+    route_group_topk = property(lambda self: self._x("route_group_topk"))
 
 
 @spec
@@ -87,6 +89,11 @@ class ModelExtra:
     glu_clamp: Any  # the gated FFN's two inputs are clamped before the activation (swiglu_limit)
     expert_bias: Any  # the routed experts' second linear adds a bias
     rope_scaled: Any  # the rotary embedding carries an attention scale (YaRN's mscale != 1)
+    # Group-limited routing (DeepSeek's device- and node-limited routing; 0: none): the routed
+    # experts form ``route_groups`` contiguous groups and a token picks its experts from
+    # ``route_group_topk`` of them (Megatron-Core ``moe_router_num_groups`` / ``moe_router_group_topk``).
+    route_groups: Any
+    route_group_topk: Any
 
 
 @spec

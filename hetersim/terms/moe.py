@@ -221,11 +221,30 @@ def dispatch_bytes(m: ModelSpec, plan: Plan):
     return local_tokens(plan) * m.top_k * plan.moe_imbalance * m.hidden * compute.act_bytes(plan)
 
 
+def reachable_nodes(m: ModelSpec, nodes):
+    """Nodes a token's experts may sit on: all ``nodes``, or under group-limited routing the
+    nodes of the ``route_group_topk`` groups it picks (the groups are contiguous experts, laid
+    over the EP ranks in order). A group spanning ``N/G`` nodes gives ``M N / G`` of them; groups
+    no wider than a node give at most ``M`` (Megatron-Core ``group_limited_topk``: "node-limited
+    routing: set moe_router_num_groups equal to number of nodes in EP group", DeepSeek-V3 report
+    arXiv 2412.19437 §2.1.2 "each token will be sent to at most M nodes", M = 4; with more groups
+    than nodes, two picked groups may share a node, and ``M`` is the bound)."""
+    n = jnp.maximum(nodes, 1.0)
+    g, top = jnp.maximum(m.route_groups, 1.0), m.route_group_topk
+    limit = jnp.minimum(n, top * jnp.maximum(n / g, 1.0))
+    return jnp.where(m.route_groups > 0, jnp.maximum(limit, 1.0), n)
+
+
 def remote_nodes_per_token(m: ModelSpec, nodes):
     """Expected nodes other than its own that a token's ``top_k`` experts sit on, experts spread
-    evenly over ``nodes`` and routing uniform (balanced): ``(N - 1) * (1 - (1 - 1/N)^k)``."""
+    evenly over ``nodes`` and routing uniform (balanced; Megatron's forced balancing draws random
+    logits before the group-limited top-k, megatron/core/transformer/moe/router.py @ d98e8a64):
+    the copies land uniformly on the ``L`` :func:`reachable_nodes`, one of which is the token's own
+    with probability ``L / N``: ``(N - 1) / N * L * (1 - (1 - 1/L)^k)``; without a group limit
+    ``(N - 1) * (1 - (1 - 1/N)^k)``."""
     n = jnp.maximum(nodes, 1.0)
-    return (n - 1.0) * (1.0 - (1.0 - 1.0 / n) ** m.top_k)
+    reach = reachable_nodes(m, n)
+    return (n - 1.0) / n * reach * (1.0 - (1.0 - 1.0 / reach) ** m.top_k)
 
 
 def hierarchical_a2a_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
