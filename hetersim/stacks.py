@@ -26,7 +26,7 @@ __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "
 
 ELEMENTWISE = ("fused", "eager", "compiled")
 # The true/false facts, each a field of Profile and a 0/1 array of StackTable.
-_SWITCHES = ("tp_comm_overlap", "p2p_overlap", "p2p_scatter_gather", "dp_overlap", "cp_torch_ring")
+_SWITCHES = ("tp_comm_overlap", "p2p_overlap", "p2p_scatter_gather", "dp_overlap", "cp_torch_ring", "op_level_sac")
 _FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
 
@@ -43,6 +43,7 @@ class Profile:
     p2p_scatter_gather: bool
     dp_overlap: bool
     cp_torch_ring: bool
+    op_level_sac: bool
     sources: dict[str, str]
 
 
@@ -59,6 +60,7 @@ class StackTable:
     p2p_scatter_gather: np.ndarray  # 1.0 where each TP rank sends 1/tp of a stage's activation
     dp_overlap: np.ndarray  # 1.0 where data-parallel gradient reductions overlap the backward
     cp_torch_ring: np.ndarray  # 1.0 where ring attention passes repeated K/V heads and fp32 dK/dV
+    op_level_sac: np.ndarray  # 1.0 where selective recomputation is torchtitan's op-level policy
 
 
 def default_path() -> Path:

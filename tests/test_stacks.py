@@ -112,6 +112,36 @@ def test_pytorchs_ring_attention_exposes_more_context_parallel_traffic(catalog, 
     assert cp["torchtitan-compile"] > cp["megatron"] >= 0.0
 
 
+def test_torchtitans_op_level_selective_recompute_reruns_every_second_matmul_not_attention(catalog, cal):
+    """torchtitan's op-level policy saves every matmul's output but every second one and the
+    attention kernel's: its selective recomputation is the k, o and w3 projections' forward plus
+    every element-wise op, linear in the tokens, where Megatron's rebuilds the attention core,
+    which grows faster; under full recomputation both stacks rerun the whole forward."""
+    from hetersim.layer import layer_costs
+
+    def recomp(stack, seq, recompute="selective"):
+        m, s, p = make(catalog, "llama3.1-8b", n_gpus=8, tp=1, pp=1, seq_len=seq, global_batch=8, sp=False)
+        p = build.plan_spec(
+            n_gpus=8, tp=1, pp=1, seq_len=seq, global_batch=8, sp=False, stack=stack,
+            attention="flash2", recompute=recompute,
+        )  # fmt: skip
+        return m, s, p, float(layer_costs(m, s, p, cal).recomp)
+
+    m, s, p, titan = recomp("torchtitan-compile", 8192)
+    rp = compute.resolve_kernels(s.device, p)
+    T, h, f = 8192.0, 4096.0, 14336.0
+    mms = sum(compute.gemm_s(s.device, cal, rp, T, n, k) for n, k in ((1024.0, h), (h, h), (f, h)))
+    assert titan == pytest.approx(float(mms + compute.layer_elementwise_fwd_s(s.device, cal, m, rp)), rel=1e-5)
+    assert titan > 0.3 * float(compute.gemms_fwd_s(s.device, cal, rp, compute.attn_gemm_shapes(m, rp)))
+    # Attention is saved: 4x the tokens per micro-batch cost torchtitan's recomputation at most 4x
+    # (linear work, larger GEMMs a little more efficient), Megatron's rebuilt attention core more.
+    long_titan = recomp("torchtitan-compile", 32768)[3]
+    assert 3.5 * titan < long_titan <= 4.0 * titan
+    assert recomp("megatron", 32768)[3] > 5.0 * recomp("megatron", 8192)[3]
+    full = [recomp(st, 8192, "full")[3] for st in ("torchtitan-compile", "megatron-legacy")]
+    assert full[0] > titan and full[1] > 0.0
+
+
 def test_attention_utilisation_rises_with_sequence_length_at_fixed_kernel():
     seq = jnp.array([512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 131072.0])
     f = np.asarray(attention.seq_factor(seq))

@@ -32,9 +32,11 @@ def test_step_time_error_is_bounded(report):
         f"\nMAPE all {report['mape_step_time_pct']:.1f}%  complete rows {report['mape_step_time_pct_complete']:.1f}%"
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
+    # 8.3% since torchtitan's selective recomputation is its op-level policy (every second matmul
+    # and the element-wise ops, not attention: terms/compute.op_sac_recompute_s), 8.6% before;
     # 8.5% since DeepSpeed's ZeRO-3 holds a Linear and a reduce bucket, not whole layers
     # (memory.zero3_gathered_bytes): Narayanan's 530B run fits at its own micro-batch 4 (8.9% before).
-    assert report["mape_step_time_pct"] <= 9.0
+    assert report["mape_step_time_pct"] <= 8.5
     # 3.3% since the constants are fitted per source (Narayanan's PTD-P runs, the complete ones,
     # carry 1/9 of the weight instead of 16/78); the issue's target is 10%.
     assert report["mape_step_time_pct_complete"] <= 3.5
@@ -58,8 +60,9 @@ def test_step_time_error_is_bounded(report):
         ("Narayanan SC'21", 6.5),  # 5.7% (7.3% with whole ZeRO-3 layers in HBM)
         ("NVIDIA/Megatron-LM", 12.5),
         ("NVIDIA/NeMo", 6.5),  # 6.0% (5.1% before the stack profiles and attention by shape)
-        # 13.9%: the context-parallel rows at 131k-262k tokens (test_step_time_error_is_bounded).
-        ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", 14.5),
+        # 12.0% (13.2% before its op-level selective recomputation): the context-parallel rows at
+        # 131k-262k tokens (test_step_time_error_is_bounded).
+        ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", 12.5),
     ],
 )
 def test_per_source_error_is_bounded(report, label, bound):
@@ -211,7 +214,9 @@ def test_leave_one_source_out_error_is_bounded(catalog, held_out):
 
     cv = cross_validate(catalog=catalog, steps=300, held=held_out)
     print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
-    assert cv["mape_step_time_pct"] <= 9.5  # 9.13% (9.44% with whole ZeRO-3 layers in HBM)
+    # 9.08% (9.35% before torchtitan's op-level selective recomputation; 9.44% with whole ZeRO-3
+    # layers in HBM); the trust issue's target is 9%.
+    assert cv["mape_step_time_pct"] <= 9.3
     assert cv["per_source"]["Korthikanti 2022"]["mape_pct"] <= 8.0
 
 
