@@ -84,10 +84,8 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     # function's output, which it does not store (memory.layer_activation_bytes).
     rc = plan.recompute_code
     selective = attn_f + jnp.where(plan.attention_code != Attention.MATERIALIZED, act_fn_s, 0.0)
-    # torchtitan's op-level policy instead: every second matmul and all element-wise ops, and the
-    # all-gathers feeding the recomputed key projection and w3 (half the forward's TP collectives;
-    # its reduce-scatters are saved).
-    op_sac = compute.op_sac_recompute_s(dev, cal, model, plan) + 0.5 * tp_f
+    # torchtitan's op-level policy instead: every second matmul and all element-wise ops.
+    op_sac = compute.op_sac_recompute_s(model, gemm_f, ew_f)
     selective = jnp.where(compute.stack_fact(stacks.table().op_level_sac, plan) > 0, op_sac, selective)
     if model.extra is not None:  # MLA's up projections instead of the attention core (mla_up_proj)
         mla_up = compute.mla_up_proj_fwd_s(dev, cal, model, plan)

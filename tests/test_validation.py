@@ -32,7 +32,7 @@ def test_step_time_error_is_bounded(report):
         f"\nMAPE all {report['mape_step_time_pct']:.1f}%  complete rows {report['mape_step_time_pct_complete']:.1f}%"
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
-    # 8.3% since torchtitan's selective recomputation is its op-level policy (every second matmul
+    # 8.32% since torchtitan's selective recomputation is its op-level policy (every second matmul
     # and the element-wise ops, not attention: terms/compute.op_sac_recompute_s), 8.6% before;
     # 8.5% since DeepSpeed's ZeRO-3 holds a Linear and a reduce bucket, not whole layers
     # (memory.zero3_gathered_bytes): Narayanan's 530B run fits at its own micro-batch 4 (8.9% before).

@@ -462,18 +462,22 @@ def layer_elementwise_fwd_s(dev, cal, m, plan):
     return stream_s(dev, cal, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(m, plan))
 
 
-def op_sac_recompute_s(dev, cal, m: ModelSpec, plan: Plan):
+def op_sac_recompute_s(m: ModelSpec, gemm_f, elementwise_f):
     """One layer's recomputation under torchtitan's op-level selective policy (the stack fact
     ``op_level_sac``): it saves the output of every matmul but every second one of the block and
     of the attention kernel, and recomputes the rest (pytorch/torchtitan @ f6a9daa13
     torchtitan/parallelisms/parallelize_llama.py ``_apply_ac_to_transformer_block``). In forward
     order the block's matmuls are q, k, v, o, w1, w3, w2 (plain MLP: w1, w2), so the key
     projection, the output projection and the sixth (w3; plain: w2) run again, and so does every
-    element-wise op; the attention kernel does not."""
-    T, h, t = tokens(plan), m.hidden, plan.tp
-    f, one, gated = m.ffn_hidden / t, jnp.ones_like(T), jnp.where(m.gated > 0, 1.0, 0.0)
-    shapes = [(T, kv_width(m) / t, h, one), (T, h, q_width(m) / t, one), (T, f, h, gated), (T, h, f, 1.0 - gated)]
-    return gemms_fwd_s(dev, cal, plan, shapes) + layer_elementwise_fwd_s(dev, cal, m, plan)
+    element-wise op (``elementwise_f``, the layer's element-wise forward); the attention kernel
+    does not. The three matmuls are priced at their FLOP share of the layer's forward GEMM time
+    ``gemm_f`` (``(g + q + f) / (2q + 2g + n f)``: q, g the query and key widths, f the FFN width,
+    n its matrices), which reuses terms the layer has already computed (pricing them as GEMMs of
+    their own cost the sweep about 15%). The all-gathers that feed the recomputed matmuls under
+    tensor parallelism are not priced."""
+    q, g, f = q_width(m), kv_width(m), m.ffn_hidden
+    share = (g + q + f) / (2.0 * q + 2.0 * g + n_mlp_matrices(m) * f)
+    return share * gemm_f + elementwise_f
 
 
 def attn_elementwise_fwd_s(dev, cal, m, plan):
