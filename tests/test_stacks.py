@@ -120,11 +120,8 @@ def test_torchtitans_op_level_selective_recompute_reruns_every_second_matmul_not
     from hetersim.layer import layer_costs
 
     def recomp(stack, seq, recompute="selective"):
-        m, s, p = make(catalog, "llama3.1-8b", n_gpus=8, tp=1, pp=1, seq_len=seq, global_batch=8, sp=False)
-        p = build.plan_spec(
-            n_gpus=8, tp=1, pp=1, seq_len=seq, global_batch=8, sp=False, stack=stack,
-            attention="flash2", recompute=recompute,
-        )  # fmt: skip
+        opts = dict(n_gpus=8, tp=1, pp=1, seq_len=seq, global_batch=8, sp=False, attention="flash2")
+        m, s, p = make(catalog, "llama3.1-8b", stack=stack, recompute=recompute, **opts)
         return m, s, p, float(layer_costs(m, s, p, cal).recomp)
 
     m, s, p, titan = recomp("torchtitan-compile", 8192)

@@ -231,8 +231,8 @@ def reachable_nodes(m: ModelSpec, nodes):
     than nodes, two picked groups may share a node, and ``M`` is the bound)."""
     n = jnp.maximum(nodes, 1.0)
     g, top = jnp.maximum(m.route_groups, 1.0), m.route_group_topk
-    limit = jnp.minimum(n, top * jnp.maximum(n / g, 1.0))
-    return jnp.where(m.route_groups > 0, jnp.maximum(limit, 1.0), n)
+    limit = jnp.minimum(n, top * jnp.maximum(n / g, 1.0))  # >= 1: a limit has route_group_topk >= 1
+    return jnp.where(m.route_groups > 0, limit, n)
 
 
 def remote_nodes_per_token(m: ModelSpec, nodes):
