@@ -226,6 +226,7 @@ def stack_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
         "dp_overlap": prof.dp_overlap,
         "cp_torch_ring": prof.cp_torch_ring,
         "op_level_sac": prof.op_level_sac,
+        "chunk_grad_sync": prof.chunk_grad_sync,
         "sources": dict(prof.sources),
     }
 
@@ -235,7 +236,8 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     con.print(
         f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
         f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}, "
-        f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}, "
+        f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}"
+        f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}, "
         f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}; "
         "sources: hetersim/catalog/stacks.toml",
         highlight=False,

@@ -26,7 +26,15 @@ __all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "
 
 ELEMENTWISE = ("fused", "eager", "compiled")
 # The true/false facts, each a field of Profile and a 0/1 array of StackTable.
-_SWITCHES = ("tp_comm_overlap", "p2p_overlap", "p2p_scatter_gather", "dp_overlap", "cp_torch_ring", "op_level_sac")
+_SWITCHES = (
+    "tp_comm_overlap",
+    "p2p_overlap",
+    "p2p_scatter_gather",
+    "dp_overlap",
+    "cp_torch_ring",
+    "op_level_sac",
+    "chunk_grad_sync",
+)
 _FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
 
@@ -44,6 +52,7 @@ class Profile:
     dp_overlap: bool
     cp_torch_ring: bool
     op_level_sac: bool
+    chunk_grad_sync: bool
     sources: dict[str, str]
 
 
@@ -61,6 +70,7 @@ class StackTable:
     dp_overlap: np.ndarray  # 1.0 where data-parallel gradient reductions overlap the backward
     cp_torch_ring: np.ndarray  # 1.0 where ring attention passes repeated K/V heads and fp32 dK/dV
     op_level_sac: np.ndarray  # 1.0 where selective recomputation is torchtitan's op-level policy
+    chunk_grad_sync: np.ndarray  # 1.0 where an interleaved pipeline reduces each chunk's gradients early
 
 
 def default_path() -> Path:

@@ -15,7 +15,7 @@ from dse.cli import app
 from hetersim import build, stacks
 from hetersim.catalog import apply_overrides, load_catalog
 from hetersim.simulate import simulate
-from hetersim.terms import attention, compute
+from hetersim.terms import attention, comm, compute
 from hetersim.types import Stack
 
 from .conftest import make
@@ -42,6 +42,8 @@ def test_every_stack_has_a_complete_cited_profile():
             "p2p_scatter_gather",
             "dp_overlap",
             "cp_torch_ring",
+            "op_level_sac",
+            "chunk_grad_sync",
         ):
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -97,6 +99,37 @@ def test_gradients_reduced_after_the_backward_expose_the_whole_reduction(catalog
         assert after > during
         cal0 = dataclasses.replace(cal, dp_overlap=0.0)
         assert float(sim(*specs["fsdp"], cal0).dp_comm_s) == pytest.approx(after, rel=1e-6)
+
+
+def test_interleaved_chunks_reduce_their_gradients_while_the_other_chunks_run(catalog, cal):
+    """Megatron-Core reduces a model chunk's gradients once its last micro-batch has run its
+    backward (and gathers the next chunk's weights during the forward): with vp chunks the
+    reductions hide behind (1 + pp (vp - 1)) / vp micro-batch passes of the stage, the last
+    chunk's own share behind its last pass only. Megatron-LM v2 reduces after the pipeline: vp
+    changes nothing there. Without interleaving both are the bucket-level overlap of one pass."""
+
+    def plan(vp, pp=4):
+        return make(catalog, "llama2-70b", n_gpus=64, tp=4, pp=pp, vp=vp, global_batch=64, zero=1)[2]
+
+    # comm 10 passes' worth against one pass: pp 4, vp 4 -> hides 3.25 passes; 2 passes -> 0.25 left
+    p4 = plan(4)
+    assert float(comm.chunked_exposed_s(p4, 10.0, 1.0, 1.0)) == pytest.approx(10.0 - 13.0 / 4.0)
+    assert float(comm.chunked_exposed_s(p4, 2.0, 1.0, 1.0)) == pytest.approx((2.0 - 1.0) / 4.0)
+    assert float(comm.chunked_exposed_s(p4, 0.5, 1.0, 1.0)) == 0.0
+    assert float(comm.chunked_exposed_s(plan(1), 10.0, 1.0, 1.0)) == pytest.approx(9.0)
+    assert float(comm.chunked_exposed_s(p4, 10.0, 1.0, 0.0)) == pytest.approx(9.0)  # reduced after the pipeline
+    early = {
+        st: stacks.profile(st).chunk_grad_sync for st in ("megatron", "torchtitan", "megatron-legacy", "deepspeed")
+    }
+    assert early == {"megatron": True, "torchtitan": True, "megatron-legacy": False, "deepspeed": False}
+
+    def dp(vp, stack):
+        opts = dict(n_gpus=64, tp=4, pp=4, vp=vp, global_batch=64, zero=1, stack=stack)
+        return float(sim(*make(catalog, "llama2-70b", **opts), cal).dp_comm_s)
+
+    core = [dp(vp, "megatron") for vp in (1, 2, 4)]
+    assert core[0] > core[1] > core[2] >= 0.0
+    assert dp(4, "megatron-legacy") == pytest.approx(dp(1, "megatron-legacy"), rel=1e-6)
 
 
 def test_pytorchs_ring_attention_exposes_more_context_parallel_traffic(catalog, cal):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from ..specs import NetworkSpec, Plan
 from ..types import N_LEVELS, Order
 from ..units import GB, US
-from ._safe import safe_div, safe_log2
+from ._safe import pos, safe_div, safe_log2
 
 
 def strides(plan: Plan):
@@ -217,3 +217,26 @@ def all_to_all_s(net: NetworkSpec, n, stride, nbytes):
         lat = jnp.where(k > prev, net.latency_us[level] * US, lat)
         prev = k
     return jnp.where(n > 1, t + lat + _BASE_US["simple"] * US, 0.0)
+
+
+def chunked_exposed_s(plan: Plan, comm_s, window_s, early):
+    """What of ``comm_s`` of a stage's gradient reductions (or weight gathers) stays exposed when
+    they hide behind ``window_s``, one micro-batch's backward (forward) of the stage.
+
+    Without interleaving they start as the last micro-batch's backward reaches each bucket and hide
+    behind that backward. With ``vp`` model chunks a stage reduces each chunk's gradients as soon as
+    that chunk's last micro-batch has run its backward (Megatron-Core's interleaved schedule calls
+    ``grad_sync_func[chunk]`` then, megatron/core/pipeline_parallel/schedules.py
+    ``forward_backward_pipelining_with_interleaving`` @ d98e8a64) and gathers a chunk's weights
+    while the previous chunk runs its forward (``param_sync_func``). The schedule runs the chunks'
+    micro-batches in groups of ``pp`` (``microbatch_group_size_per_vp_stage``, default ``pp``), so
+    the first chunk to finish does with ``pp * (vp - 1)`` chunk-passes of its stage still to run,
+    each ``1/vp`` of a micro-batch's pass: the reductions hide behind ``(1 + pp (vp - 1)) / vp``
+    micro-batch passes, and the last chunk's own share, ``1/vp`` of them, behind its last pass
+    only. ``early`` (0/1): the stack reduces chunks early (the profile's ``chunk_grad_sync``); else
+    every reduction waits for the last micro-batch and hides behind its one pass."""
+    vp = jnp.maximum(plan.vp, 1.0)
+    early = (plan.pp > 1) & (early > 0)
+    spread = jnp.where(early, (1.0 + plan.pp * (vp - 1.0)) / vp, 1.0)
+    vp = jnp.where(early, vp, 1.0)
+    return jnp.maximum(pos(comm_s - spread * window_s), pos(comm_s - window_s) / vp)
