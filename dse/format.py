@@ -209,19 +209,23 @@ def _layout(plan: Mapping[str, Any]) -> str:
     return text
 
 
-def stack_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
+def stack_summary(plan: Mapping[str, Any], runs_te: bool = True, attention: str | None = None) -> dict[str, Any]:
     """The plan's software stack: its profile's facts, the kernels the plan runs, and the
-    sources (``hetersim/catalog/stacks.toml``)."""
+    sources (``hetersim/catalog/stacks.toml``). ``runs_te``: the device runs Transformer Engine
+    (:func:`hetersim.terms.compute.runs_transformer_engine`); where it does not, the stack's TP
+    overlap is reported off, as the model prices it. ``attention``: the kernel the plan runs on
+    its device, where known (a device without fused kernels runs materialised attention)."""
     from hetersim import stacks
 
     prof = stacks.profile(plan["stack"])
     return {
         "key": prof.key,
         "name": prof.name,
-        "attention": prof.attention if plan["attention"] == "auto" else plan["attention"],
+        "attention": attention or (prof.attention if plan["attention"] == "auto" else plan["attention"]),
         "loss": prof.loss if plan["loss"] == "auto" else plan["loss"],
         "elementwise": prof.elementwise,
-        "tp_comm_overlap": prof.tp_comm_overlap,
+        "tp_comm_overlap": prof.tp_comm_overlap and runs_te,
+        "tp_overlap_needs_te": prof.tp_comm_overlap and not runs_te,
         "p2p_overlap": prof.p2p_overlap,
         "dp_overlap": prof.dp_overlap,
         "cp_torch_ring": prof.cp_torch_ring,
@@ -235,7 +239,8 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     on = lambda v: "on" if v else "off"  # noqa: E731
     con.print(
         f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
-        f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}, "
+        f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}"
+        f"{' (Transformer Engine needs Ampere or newer)' if st.get('tp_overlap_needs_te') else ''}, "
         f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}"
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}, "
         f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}; "

@@ -69,11 +69,12 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     tp_pass = 2.0 * comm.all_reduce_s(net, plan.tp, s_tp, tp_bytes, 1.0)
     # Forward: the collectives sit between dependent GEMMs; a fraction ``tp_overlap`` is hidden
     # where the stack splits GEMMs to overlap them (Transformer Engine's userbuffers; the stack's
-    # tp_comm_overlap), none where its collectives block.
+    # tp_comm_overlap, on a device that runs Transformer Engine), none where its collectives block.
     # Backward: Megatron overlaps the input all-gather and the gradient reduce-scatter
     # (all-reduce without SP) with the weight-gradient GEMMs, which do not depend on them
     # (Korthikanti et al. 2022 §4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication).
-    tp_hidden = cal.tp_overlap * compute.stack_fact(stacks.table().tp_comm_overlap, plan)
+    te_overlap = compute.stack_fact(stacks.table().tp_comm_overlap, plan) * compute.runs_transformer_engine(dev)
+    tp_hidden = cal.tp_overlap * te_overlap
     tp_f = jnp.where(plan.tp > 1, (1.0 - tp_hidden) * tp_pass, 0.0)
     tp_b = jnp.where(plan.tp > 1, pos(tp_pass - 0.5 * gemm_b), 0.0)
 

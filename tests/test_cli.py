@@ -34,7 +34,9 @@ runner = CliRunner()
 
 
 def run(args: list[str]):
-    return runner.invoke(app, [str(a) for a in args])
+    # pytest-xdist workers set COLUMNS=80, which the tables honour as a terminal's width: take it
+    # out so that a table's text is the same in a parallel run as in a serial one.
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": None})
 
 
 def run_json(args: list[str]) -> dict:

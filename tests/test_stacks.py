@@ -123,6 +123,31 @@ def test_interleaved_chunks_reduce_their_gradients_while_the_other_chunks_run(ca
     assert dp(4, "megatron-legacy") == pytest.approx(dp(1, "megatron-legacy"), rel=1e-6)
 
 
+def test_transformer_engines_tp_overlap_needs_a_device_that_runs_transformer_engine(catalog, cal):
+    """Megatron-Core hides its forward TP collectives behind Transformer Engine's userbuffers, and TE
+    runs on Ampere and newer only: on a V100 (no bf16 tensor cores) they block, exactly as with
+    nothing hidden; on an A100 the calibrated share is hidden."""
+    import dataclasses
+
+    none_hidden = dataclasses.replace(cal, tp_overlap=0.0)
+    opts = dict(n_gpus=8, tp=8, pp=1, global_batch=8, seq_len=2048, precision="fp16", attention="materialized")
+
+    def tp(gpu, c):
+        return float(sim(*make(catalog, "gpt3-1.3b", gpu=gpu, stack="megatron", **opts), c).tp_comm_s)
+
+    assert tp("v100-sxm-32gb", cal) == pytest.approx(tp("v100-sxm-32gb", none_hidden), rel=1e-6)
+    assert tp("a100-sxm-80gb", cal) < tp("a100-sxm-80gb", none_hidden)
+    assert float(compute.runs_transformer_engine(build.device_spec(catalog.gpu("v100-sxm-32gb")))) == 0.0
+    assert float(compute.runs_transformer_engine(build.device_spec(catalog.gpu("h100-sxm-80gb")))) == 1.0
+    # evaluate reports the facts as priced there: TP overlap off and materialised attention on a V100
+    args = "evaluate --model gpt3-1.3b --gpus 8 --tp 8 --global-batch 64 --precision fp16 --json --gpu".split()
+    v100, a100 = (
+        json.loads(CliRunner().invoke(app, [*args, g]).stdout)["stack"] for g in ("v100-sxm-32gb", "a100-sxm-80gb")
+    )
+    assert (v100["tp_comm_overlap"], v100["tp_overlap_needs_te"], v100["attention"]) == (False, True, "materialized")
+    assert (a100["tp_comm_overlap"], a100["tp_overlap_needs_te"], a100["attention"]) == (True, False, "flash")
+
+
 def test_pytorchs_ring_attention_exposes_more_context_parallel_traffic(catalog, cal):
     """torchtitan's ring (PyTorch's, after repeat_kv; fp32 dK/dV; all-gather rotation hidden only
     by the first step) against Transformer Engine's (GQA-width K/V, every step hidden by the one

@@ -6,6 +6,7 @@ configuration with :func:`hetersim.api.configure`; the CLI only maps flags to fi
 
 from typing import Any
 
+import numpy as np
 import typer
 
 from dse import format as fmt
@@ -88,6 +89,29 @@ def configuration(
         raise with_flag(error) from None
 
 
+def device_facts(specs: tuple) -> dict[str, Any]:
+    """What the device changes in the stack's facts, as the model prices them: whether every
+    device kind runs Transformer Engine (:func:`hetersim.terms.compute.runs_transformer_engine`; a
+    mix's padding slots, without memory, are not kinds) and, on one kind, the attention kernel
+    an ``auto`` plan runs there (:func:`hetersim.terms.compute.resolve_kernels`: materialised
+    where the device runs no fused kernel)."""
+    from hetersim.terms import compute
+    from hetersim.types import Attention
+
+    system, plan = specs[1], specs[2]
+    inner = getattr(system, "systems", system)  # a mix: one leading axis of kinds
+    device = getattr(inner, "device", None)
+    if device is None:
+        return {}
+    te = np.atleast_1d(np.asarray(compute.runs_transformer_engine(device)))
+    real = np.atleast_1d(np.asarray(device.hbm_capacity_GiB)) > 0
+    facts: dict[str, Any] = {"runs_te": bool(np.all(te[real] > 0))}
+    if inner is system and hasattr(plan, "attention_code"):
+        code = int(np.asarray(compute.resolve_kernels(device, plan).attention_code))
+        facts["attention"] = Attention(code).label
+    return facts
+
+
 @with_options(
     CONFIGURATION_OPTIONS,
     as_json=(bool, typer.Option(False, "--json", help="Print one JSON object instead of tables.")),
@@ -100,7 +124,7 @@ def evaluate(**options: Any) -> None:
     built = configuration(**apply_recipe(options))
     header = {"model": built.model, "gpu": built.gpu, "plan": built.plan}
     result = fmt.evaluation(built.breakdown, STEP_TERMS, header, built.interval)
-    result["stack"] = fmt.stack_summary(built.plan)
+    result["stack"] = fmt.stack_summary(built.plan, **device_facts(built.specs))
     if built.groups is not None:
         result["stages" if built.groups and "stage" in built.groups[0] else "groups"] = built.groups
     if as_json:

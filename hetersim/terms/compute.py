@@ -205,6 +205,15 @@ def stack_fact(values, plan: Plan):
     return out
 
 
+def runs_transformer_engine(dev):
+    """1.0 where the device can run Transformer Engine, else 0.0. TE supports Ampere and newer
+    NVIDIA GPUs ("Hardware: Blackwell, Hopper, Grace Hopper/Blackwell, Ada, Ampere",
+    NVIDIA/TransformerEngine@d0067d0d README.rst), the generations with bf16 tensor cores: a device
+    without a bf16 peak (V100, T4 and other pre-Ampere cards) runs Megatron-Core's local layers,
+    without TE's userbuffers overlap of the tensor-parallel collectives."""
+    return jnp.where(dev.peak_tflops[..., Precision.BF16] > 0, 1.0, 0.0)
+
+
 def _kernel_eff(code, fastest, fa2):
     """Reference utilisation of fused attention kernel ``code`` from the device's figures: its
     fastest kernel's, the FA2-class figure, or for FA1-class kernels a fixed share of that
