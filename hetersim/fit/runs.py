@@ -187,8 +187,6 @@ _CATALOG_EXTRAS = (
     "sliding_window", "sliding_window_share", "moe_every", "glu_clamp", "expert_bias", "rope_attention_scale",
     "route_groups", "route_group_topk",
 )  # fmt: skip
-# Busiest expert-parallel rank's routed tokens over the mean where a row's router ran as trained
-# (``routing = learned``): see LEARNED_IMBALANCE_SOURCE.
 # Busiest EP rank's routed tokens over the mean where a dropless router runs as trained
 # (``routing = learned``): the low end of the 1.30-4.01 inter-rank imbalance UltraEP measures
 # without balancing across MoE models of 106B-671B in training (arXiv 2606.04101, abstract);
