@@ -33,7 +33,8 @@ from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
 from .terms import goodput as goodput_terms
 from .terms._safe import pos, safe_div
-from .terms.flops import layer_params, model_flops_per_token, total_params
+from .terms.dp import dp_collectives, zero3_regather
+from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible, Recompute
 from .units import HOUR, KWH, TFLOP, GiB
 
@@ -154,34 +155,6 @@ def expert_layout_bad(model: ModelSpec, plan: Plan):
     return dense_bad | (moe & moe_bad)
 
 
-def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
-    """Parameters per data-parallel collective.
-
-    Megatron-LM's DDP default bucket is ``max(40M, 1M * dp)`` parameters (larger DP groups get
-    larger buckets so that collectives stay bandwidth-bound). ZeRO-3 gathers parameters in
-    prefetch buckets of 50M and reduces gradients in buckets of 500M (DeepSpeed defaults
-    ``stage3_prefetch_bucket_size`` and ``reduce_bucket_size``). ``bucket_Mparams`` > 0 overrides.
-    """
-    z3 = 500e6 if grads else 50e6
-    auto = jnp.where(plan.zero >= 3, z3, jnp.maximum(40e6, 1e6 * n_dp))
-    return jnp.where(plan.bucket_Mparams > 0, plan.bucket_Mparams * 1e6, auto)
-
-
-def zero3_regather(model: ModelSpec, plan: Plan):
-    """Fraction of a layer's weights that ZeRO-3 gathers a third time under full recomputation.
-
-    The recomputed forward of a layer uses its weights in forward order and the backward right
-    after uses them in reverse, so a weight with ``S`` parameters after it in the layer is reused
-    ``2 S`` parameters later. FSDP keeps what the recompute gathered for the backward
-    (``reuse_Mparams`` 0, the default); DeepSpeed ZeRO-3 releases a weight after each use unless
-    it is reused within ``stage3_max_reuse_distance`` parameters (``reuse_Mparams``, DeepSpeed's
-    default 1000), so the weights with ``S`` above half that distance are gathered again.
-    """
-    p_layer = layer_params(model) / plan.tp
-    frac = jnp.clip(safe_div(p_layer - memory.reuse_kept_params(plan), p_layer), 0.0, 1.0)
-    return jnp.where((plan.reuse_Mparams > 0) & (plan.recompute_code == Recompute.FULL), frac, 0.0)
-
-
 # --------------------------------------------------------------------------------------------
 # Stage 1: the pipeline step
 # --------------------------------------------------------------------------------------------
@@ -296,20 +269,21 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     n_dp = memory.zero_group(plan)
     s_dpg = jnp.minimum(s_dp, jnp.where(plan.cp > 1, s_cp, s_dp))
 
-    def parts(p_local, n, stride):
+    root = jnp.where(jnp.asarray(1.0 if vocab_mats is None else vocab_mats) > 0, 1.0, 0.0)
+
+    def parts(p_local, n, stride, units):
         """(all-reduce, reduce-scatter, all-gather) (bandwidth, latency) pairs of ``p_local``
-        parameters over a group of ``n`` ranks."""
+        parameters over a group of ``n`` ranks, in buckets or, under FSDP, in ``units``."""
         grad_bytes = p_local * memory.grad_wire_bytes(plan)
         w_bytes = p_local * memory.WEIGHT_BYTES
-        n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n)), 1.0)
-        n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n, grads=True)), 1.0)
+        n_ag, n_rs = dp_collectives(plan, p_local, n, units)
         return (
             comm.all_reduce_parts(net, n, stride, grad_bytes, n_rs),
             comm.all_gather_parts(net, n, stride, grad_bytes, n_rs),
             comm.all_gather_parts(net, n, stride, w_bytes, n_ag),
         )
 
-    dense = parts(memory.local_params(model, plan, pipe.layers, vocab_mats), n_dp, s_dpg)
+    dense = parts(memory.local_params(model, plan, pipe.layers, vocab_mats), n_dp, s_dpg, pipe.layers + root)
     n_edp = memory.expert_dp(plan)
     if model.extra is None:
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = dense
@@ -317,7 +291,8 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     else:
         # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
         # ep*etp apart), in the same buckets and windows; none where it has one rank.
-        experts = parts(memory.expert_local_params(model, plan, pipe.layers), n_edp, plan.ep * plan.etp)
+        moe_units = memory.moe_stage_layers(model, pipe.layers)
+        experts = parts(memory.expert_local_params(model, plan, pipe.layers), n_edp, plan.ep * plan.etp, moe_units)
         on = jnp.where(n_edp > 1, 1.0, 0.0)
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (
             (d[0] + on * e[0], d[1] + on * e[1]) for d, e in zip(dense, experts, strict=True)

@@ -34,6 +34,7 @@ _SWITCHES = (
     "cp_torch_ring",
     "op_level_sac",
     "chunk_grad_sync",
+    "fsdp_units",
 )
 _FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
@@ -53,6 +54,7 @@ class Profile:
     cp_torch_ring: bool
     op_level_sac: bool
     chunk_grad_sync: bool
+    fsdp_units: bool
     sources: dict[str, str]
 
 
@@ -71,6 +73,7 @@ class StackTable:
     cp_torch_ring: np.ndarray  # 1.0 where ring attention passes repeated K/V heads and fp32 dK/dV
     op_level_sac: np.ndarray  # 1.0 where selective recomputation is torchtitan's op-level policy
     chunk_grad_sync: np.ndarray  # 1.0 where an interleaved pipeline reduces each chunk's gradients early
+    fsdp_units: np.ndarray  # 1.0 where sharded data parallelism gathers and reduces one FSDP unit at a time
 
 
 def default_path() -> Path:

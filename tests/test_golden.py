@@ -194,7 +194,7 @@ def test_deepspeed_zero3_regathers_what_it_releases():
     # recomputed forward to the backward only if the 2 S weights used in between (S after it in
     # the layer) are within stage3_max_reuse_distance = 1e9: the first 5.033e9 - 0.5e9 are gathered
     # again, 90.07% of the layer.
-    from hetersim.simulate import zero3_regather
+    from hetersim.terms.dp import zero3_regather
 
     gpt = dict(layers=105, hidden=20480, heads=128, kv_heads=128, ffn_hidden=81920, vocab=51200, mlp="plain")
     m = build.model_spec(gpt)

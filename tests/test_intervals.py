@@ -208,7 +208,8 @@ def test_leave_one_source_out_coverage_is_bounded(catalog, held_out):
     meta = result["meta"]
     print(f"\n80% intervals: LOSO coverage {meta['coverage_loso_pct']}%, in-sample {meta['coverage_in_sample_pct']}%")
     # Measured 78.2% LOSO (83.3% in-sample) on the 78 published runs, 2026-12-04 after the
-    # interleaved chunks' early gradient reductions (79.5% / 82.1% before), and since Megatron-LM
+    # interleaved chunks' early gradient reductions and FSDP's per-unit collectives (79.5% / 82.1%
+    # before), and since Megatron-LM
     # 2022's blocking pipeline sends (73.1% / 79.5% before; classes counted
     # in sources, no shift; 75.6% / 82.1% with a median shift over rows, which covered 40% of
     # llm-foundry's 216 unfitted runs against 85%; 82% after the DeepSpeed ZeRO-3 memory change).

@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 10
+        assert len(facts) == 11
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -146,6 +146,34 @@ def test_transformer_engines_tp_overlap_needs_a_device_that_runs_transformer_eng
     )
     assert (v100["tp_comm_overlap"], v100["tp_overlap_needs_te"], v100["attention"]) == (False, True, "materialized")
     assert (a100["tp_comm_overlap"], a100["tp_overlap_needs_te"], a100["attention"]) == (True, False, "flash")
+
+
+def test_fsdp_gathers_and_reduces_one_unit_at_a_time(catalog, cal):
+    """FSDP (torchtitan's fully_shard per block, llm-foundry's MPT blocks, HF Accelerate's decoder
+    layers) issues one all-gather and one reduce-scatter per unit at ZeRO 2 and 3, whatever the
+    model's size; DeepSpeed and Megatron use their buckets (50M / 500M parameters at ZeRO-3); a
+    given bucket_Mparams overrides both. Fewer, larger collectives pay less ring latency: at 512
+    GPUs LLaMA-2-70B's exposed data-parallel time under FSDP is below DeepSpeed's in buckets."""
+    from hetersim.terms.dp import dp_collectives
+
+    def plan(stack, **kw):
+        opts = dict(n_gpus=512, tp=1, pp=1, global_batch=512, seq_len=2048, zero=3, sp=False, stack=stack)
+        return make(catalog, "llama2-70b", **{**opts, **kw})
+
+    p_local, units = 70e9, 81.0  # 80 blocks and the root module
+    for stack in ("torchtitan", "torchtitan-compile", "fsdp", "llm-foundry"):
+        for zero in (2, 3):
+            n_ag, n_rs = dp_collectives(plan(stack, zero=zero)[2], p_local, 512.0, units)
+            assert (float(n_ag), float(n_rs)) == (units, units), (stack, zero)
+    n_ag, n_rs = dp_collectives(plan("deepspeed")[2], p_local, 512.0, units)
+    assert (float(n_ag), float(n_rs)) == (1400.0, 140.0)
+    n_ag, _ = dp_collectives(plan("fsdp", zero=1)[2], p_local, 512.0, units)  # no sharding: DDP buckets
+    assert float(n_ag) == 137.0  # 70e9 / max(40M, 512 x 1M)
+    n_ag, _ = dp_collectives(plan("fsdp", bucket_Mparams=100.0)[2], p_local, 512.0, units)
+    assert float(n_ag) == 700.0
+    opts = dict(attention="flash2", grad_reduce="model", recompute="full")
+    fsdp, ds = (float(sim(*plan(st, **opts), cal).dp_comm_s) for st in ("fsdp", "deepspeed"))
+    assert 0.0 < fsdp < ds
 
 
 def test_pytorchs_ring_attention_exposes_more_context_parallel_traffic(catalog, cal):

@@ -1,0 +1,52 @@
+"""Data-parallel collectives: how many carry a stage's parameters and gradients, and what ZeRO-3
+gathers again under full recomputation (used by :func:`hetersim.simulate.dp_comm_s`)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .. import stacks
+from ..specs import ModelSpec, Plan
+from ..types import Recompute
+from . import compute, memory
+from ._safe import safe_div
+from .flops import layer_params
+
+
+def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
+    """Parameters per data-parallel collective.
+
+    Megatron-LM's DDP default bucket is ``max(40M, 1M * dp)`` parameters (larger DP groups get
+    larger buckets so that collectives stay bandwidth-bound). ZeRO-3 gathers parameters in
+    prefetch buckets of 50M and reduces gradients in buckets of 500M (DeepSpeed defaults
+    ``stage3_prefetch_bucket_size`` and ``reduce_bucket_size``). ``bucket_Mparams`` > 0 overrides.
+    """
+    z3 = 500e6 if grads else 50e6
+    auto = jnp.where(plan.zero >= 3, z3, jnp.maximum(40e6, 1e6 * n_dp))
+    return jnp.where(plan.bucket_Mparams > 0, plan.bucket_Mparams * 1e6, auto)
+
+
+def dp_collectives(plan: Plan, p_local, n_dp, units):
+    """(all-gathers, reduce-scatters or all-reduces) that carry ``p_local`` parameters over ``n_dp``
+    ranks per pass: one per bucket (:func:`dp_bucket_params`) or, where the stack shards data
+    parallelism by FSDP units (its ``fsdp_units``, at ZeRO 2 and 3, no ``bucket_Mparams`` given),
+    one per unit: ``units``, the stage's transformer blocks and its root module."""
+    per_unit = (compute.stack_fact(stacks.table().fsdp_units, plan) > 0) & (plan.zero >= 2) & (plan.bucket_Mparams <= 0)
+    n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp)), 1.0)
+    n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp, grads=True)), 1.0)
+    return jnp.where(per_unit, units, n_ag), jnp.where(per_unit, units, n_rs)
+
+
+def zero3_regather(model: ModelSpec, plan: Plan):
+    """Fraction of a layer's weights that ZeRO-3 gathers a third time under full recomputation.
+
+    The recomputed forward of a layer uses its weights in forward order and the backward right
+    after uses them in reverse, so a weight with ``S`` parameters after it in the layer is reused
+    ``2 S`` parameters later. FSDP keeps what the recompute gathered for the backward
+    (``reuse_Mparams`` 0, the default); DeepSpeed ZeRO-3 releases a weight after each use unless
+    it is reused within ``stage3_max_reuse_distance`` parameters (``reuse_Mparams``, DeepSpeed's
+    default 1000), so the weights with ``S`` above half that distance are gathered again.
+    """
+    p_layer = layer_params(model) / plan.tp
+    frac = jnp.clip(safe_div(p_layer - memory.reuse_kept_params(plan), p_layer), 0.0, 1.0)
+    return jnp.where((plan.reuse_Mparams > 0) & (plan.recompute_code == Recompute.FULL), frac, 0.0)
