@@ -90,11 +90,13 @@ def configuration(
 
 
 def device_facts(specs: tuple) -> dict[str, Any]:
-    """What the device changes in the stack's facts, as the model prices them: whether every
-    device kind runs Transformer Engine (:func:`hetersim.terms.compute.runs_transformer_engine`; a
-    mix's padding slots, without memory, are not kinds) and, on one kind, the attention kernel
-    an ``auto`` plan runs there (:func:`hetersim.terms.compute.resolve_kernels`: materialised
-    where the device runs no fused kernel)."""
+    """What the device changes in the stack's facts, as the model prices them, read with NumPy
+    (no JAX program is compiled for it): whether every device kind runs Transformer Engine
+    (:func:`hetersim.terms.compute.runs_transformer_engine`; a mix's padding slots, without
+    memory, are not kinds) and, on one kind, the attention kernel an ``auto`` plan runs there
+    (materialised where the device runs none of the stack's fused kernels:
+    :func:`hetersim.terms.compute.kernel_ok`, as :func:`hetersim.terms.compute.resolve_kernels`)."""
+    from hetersim import stacks
     from hetersim.terms import compute
     from hetersim.types import Attention
 
@@ -103,11 +105,15 @@ def device_facts(specs: tuple) -> dict[str, Any]:
     device = getattr(inner, "device", None)
     if device is None:
         return {}
-    te = np.atleast_1d(np.asarray(compute.runs_transformer_engine(device)))
+    te = np.atleast_1d(compute.runs_transformer_engine(device, xp=np))
     real = np.atleast_1d(np.asarray(device.hbm_capacity_GiB)) > 0
     facts: dict[str, Any] = {"runs_te": bool(np.all(te[real] > 0))}
     if inner is system and hasattr(plan, "attention_code"):
-        code = int(np.asarray(compute.resolve_kernels(device, plan).attention_code))
+        code = int(np.asarray(plan.attention_code))
+        if code == Attention.AUTO:
+            code = int(stacks.table().attention[int(np.asarray(plan.stack_code))])
+            if not bool(compute.kernel_ok(device, code, xp=np)):
+                code = int(Attention.MATERIALIZED)
         facts["attention"] = Attention(code).label
     return facts
 

@@ -205,31 +205,32 @@ def stack_fact(values, plan: Plan):
     return out
 
 
-def runs_transformer_engine(dev):
+def runs_transformer_engine(dev, xp=jnp):
     """1.0 where the device can run Transformer Engine, else 0.0. TE supports Ampere and newer
     NVIDIA GPUs ("Hardware: Blackwell, Hopper, Grace Hopper/Blackwell, Ada, Ampere",
     NVIDIA/TransformerEngine@d0067d0d README.rst), the generations with bf16 tensor cores: a device
     without a bf16 peak (V100, T4 and other pre-Ampere cards) runs Megatron-Core's local layers,
-    without TE's userbuffers overlap of the tensor-parallel collectives."""
-    return jnp.where(dev.peak_tflops[..., Precision.BF16] > 0, 1.0, 0.0)
+    without TE's userbuffers overlap of the tensor-parallel collectives. ``xp``: ``numpy`` to
+    read it outside a traced computation (compiles nothing)."""
+    return xp.where(xp.asarray(dev.peak_tflops)[..., Precision.BF16] > 0, 1.0, 0.0)
 
 
-def _kernel_eff(code, fastest, fa2):
+def _kernel_eff(code, fastest, fa2, xp=jnp):
     """Reference utilisation of fused attention kernel ``code`` from the device's figures: its
     fastest kernel's, the FA2-class figure, or for FA1-class kernels a fixed share of that
     (:data:`hetersim.terms.attention.FLASH1_VS_FA2`)."""
-    return jnp.where(
-        code == Attention.FLASH2, fa2, jnp.where(code == Attention.FLASH1, attention.FLASH1_VS_FA2 * fa2, fastest)
+    return xp.where(
+        code == Attention.FLASH2, fa2, xp.where(code == Attention.FLASH1, attention.FLASH1_VS_FA2 * fa2, fastest)
     )
 
 
-def _kernel_ok(dev, code):
+def kernel_ok(dev, code, xp=jnp):
     """The device runs attention kernel ``code``: materialised everywhere, a fused kernel only
     where the device has a measured utilisation for it (FlashAttention needs Ampere or newer), in
-    both passes."""
-    fastest = jnp.minimum(dev.attn_eff_fwd, dev.attn_eff_bwd)
-    fa2 = jnp.minimum(dev.attn2_eff_fwd, dev.attn2_eff_bwd)
-    return (code == Attention.MATERIALIZED) | (_kernel_eff(code, fastest, fa2) > 0)
+    both passes. ``xp``: ``numpy`` outside a traced computation."""
+    fastest = xp.minimum(xp.asarray(dev.attn_eff_fwd), xp.asarray(dev.attn_eff_bwd))
+    fa2 = xp.minimum(xp.asarray(dev.attn2_eff_fwd), xp.asarray(dev.attn2_eff_bwd))
+    return (code == Attention.MATERIALIZED) | (_kernel_eff(code, fastest, fa2, xp) > 0)
 
 
 def resolve_kernels(dev, plan: Plan) -> Plan:
@@ -240,7 +241,7 @@ def resolve_kernels(dev, plan: Plan) -> Plan:
     t = stacks.table()
     auto = plan.attention_code == Attention.AUTO
     att = jnp.where(auto, stack_fact(t.attention, plan), plan.attention_code)
-    att = jnp.where(auto & ~_kernel_ok(dev, att), int(Attention.MATERIALIZED), att)
+    att = jnp.where(auto & ~kernel_ok(dev, att), int(Attention.MATERIALIZED), att)
     loss = jnp.where(plan.loss_code == Loss.AUTO, stack_fact(t.loss, plan), plan.loss_code)
     return replace(plan, attention_code=att.astype(jnp.int32), loss_code=loss.astype(jnp.int32))
 
@@ -249,7 +250,7 @@ def kernel_supported(dev, plan):
     """False where the plan's fused attention kernel has no utilisation on the device (e.g.
     FlashAttention on a V100, which needs Ampere or newer): such a plan is flagged, never
     priced at a zero rate. Materialised attention runs everywhere."""
-    return _kernel_ok(dev, resolve_kernels(dev, plan).attention_code)
+    return kernel_ok(dev, resolve_kernels(dev, plan).attention_code)
 
 
 def _materialized(dev, plan):
@@ -257,7 +258,7 @@ def _materialized(dev, plan):
     (then the plan is flagged, and its time stays that of the kernel the device can run). The
     plan's kernels are resolved already (:func:`resolve_kernels`, at ``simulate`` and
     ``layer_costs``)."""
-    return ~_kernel_ok(dev, plan.attention_code) | (plan.attention_code == Attention.MATERIALIZED)
+    return ~kernel_ok(dev, plan.attention_code) | (plan.attention_code == Attention.MATERIALIZED)
 
 
 def attention_peak(dev, plan):
