@@ -224,14 +224,9 @@ def stack_summary(plan: Mapping[str, Any], runs_te: bool = True, attention: str 
         "attention": attention or (prof.attention if plan["attention"] == "auto" else plan["attention"]),
         "loss": prof.loss if plan["loss"] == "auto" else plan["loss"],
         "elementwise": prof.elementwise,
+        **stacks.switches(prof),
         "tp_comm_overlap": prof.tp_comm_overlap and runs_te,
         "tp_overlap_needs_te": prof.tp_comm_overlap and not runs_te,
-        "p2p_overlap": prof.p2p_overlap,
-        "dp_overlap": prof.dp_overlap,
-        "cp_torch_ring": prof.cp_torch_ring,
-        "op_level_sac": prof.op_level_sac,
-        "chunk_grad_sync": prof.chunk_grad_sync,
-        "fsdp_units": prof.fsdp_units,
         "sources": dict(prof.sources),
     }
 
@@ -241,10 +236,10 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     con.print(
         f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
         f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}"
-        f"{' (Transformer Engine needs Ampere or newer)' if st.get('tp_overlap_needs_te') else ''}, "
+        f"{' (Transformer Engine needs Ampere or newer)' if st['tp_overlap_needs_te'] else ''}, "
         f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}"
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}"
-        f"{', sharded data parallelism per FSDP unit' if st.get('fsdp_units') else ''}, "
+        f"{', sharded data parallelism per FSDP unit' if st['fsdp_units'] else ''}, "
         f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}; "
         "sources: hetersim/catalog/stacks.toml",
         highlight=False,

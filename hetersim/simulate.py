@@ -301,7 +301,6 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     win_f = cal.dp_overlap * pipe.fwd_s
     # ZeRO 0-2 reductions hide only where the stack sends them during the passes (dp_overlap).
     ddp = compute.stack_fact(stacks.table().dp_overlap, plan)
-
     early = compute.stack_fact(stacks.table().chunk_grad_sync, plan)
 
     def exposed(comm_s, window):

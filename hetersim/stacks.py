@@ -22,7 +22,7 @@ import numpy as np
 
 from .types import Attention, Loss, Stack
 
-__all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "table"]
+__all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "switches", "table"]
 
 ELEMENTWISE = ("fused", "eager", "compiled")
 # The true/false facts, each a field of Profile and a 0/1 array of StackTable.
@@ -156,6 +156,11 @@ def profile(stack: str | int) -> Profile:
     """The packaged profile of a stack, by name or code."""
     name = Stack(stack).label if isinstance(stack, int) else stack
     return _packaged()[name]
+
+
+def switches(prof: Profile) -> dict[str, bool]:
+    """A profile's true/false facts, by name, in their declared order."""
+    return {k: getattr(prof, k) for k in _SWITCHES}
 
 
 @functools.cache

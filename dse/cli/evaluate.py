@@ -95,7 +95,7 @@ def device_facts(specs: tuple) -> dict[str, Any]:
     (:func:`hetersim.terms.compute.runs_transformer_engine`; a mix's padding slots, without
     memory, are not kinds) and, on one kind, the attention kernel an ``auto`` plan runs there
     (materialised where the device runs none of the stack's fused kernels:
-    :func:`hetersim.terms.compute.kernel_ok`, as :func:`hetersim.terms.compute.resolve_kernels`)."""
+    :func:`hetersim.terms.compute.fallback_attention`, as in ``resolve_kernels``)."""
     from hetersim import stacks
     from hetersim.terms import compute
     from hetersim.types import Attention
@@ -110,11 +110,10 @@ def device_facts(specs: tuple) -> dict[str, Any]:
     facts: dict[str, Any] = {"runs_te": bool(np.all(te[real] > 0))}
     if inner is system and hasattr(plan, "attention_code"):
         code = int(np.asarray(plan.attention_code))
-        if code == Attention.AUTO:
+        auto = code == Attention.AUTO
+        if auto:
             code = int(stacks.table().attention[int(np.asarray(plan.stack_code))])
-            if not bool(compute.kernel_ok(device, code, xp=np)):
-                code = int(Attention.MATERIALIZED)
-        facts["attention"] = Attention(code).label
+        facts["attention"] = Attention(int(compute.fallback_attention(device, code, auto, xp=np))).label
     return facts
 
 

@@ -233,6 +233,14 @@ def kernel_ok(dev, code, xp=jnp):
     return (code == Attention.MATERIALIZED) | (_kernel_eff(code, fastest, fa2, xp) > 0)
 
 
+def fallback_attention(dev, code, auto, xp=jnp):
+    """Attention kernel ``code`` where the device runs it; where it cannot and the kernel was the
+    stack's choice (``auto``), materialised attention, as the stacks fall back (Transformer
+    Engine's UnfusedDotProductAttention, SDPA's math backend). ``xp``: ``numpy`` outside a traced
+    computation."""
+    return xp.where(auto & ~kernel_ok(dev, code, xp), int(Attention.MATERIALIZED), code)
+
+
 def resolve_kernels(dev, plan: Plan) -> Plan:
     """The plan with ``auto`` kernels replaced by its stack's (idempotent): an auto attention
     kernel the device cannot run falls back to materialised attention, as the stacks do (Transformer
@@ -241,7 +249,7 @@ def resolve_kernels(dev, plan: Plan) -> Plan:
     t = stacks.table()
     auto = plan.attention_code == Attention.AUTO
     att = jnp.where(auto, stack_fact(t.attention, plan), plan.attention_code)
-    att = jnp.where(auto & ~kernel_ok(dev, att), int(Attention.MATERIALIZED), att)
+    att = fallback_attention(dev, att, auto)
     loss = jnp.where(plan.loss_code == Loss.AUTO, stack_fact(t.loss, plan), plan.loss_code)
     return replace(plan, attention_code=att.astype(jnp.int32), loss_code=loss.astype(jnp.int32))
 
