@@ -189,6 +189,70 @@ def test_pytorchs_ring_attention_exposes_more_context_parallel_traffic(catalog, 
     assert cp["torchtitan-compile"] > cp["megatron"] >= 0.0
 
 
+def test_a_compiled_ring_waits_for_each_collective_where_it_is_issued(catalog, cal):
+    """Traced into torch.compile's graph, PyTorch's ring waits for each functional collective as
+    it is issued: torchtitan-compile exposes the forward's and the backward's K/V all-gathers and
+    the backward's cp dK/dV sends in full, where eager torchtitan hides the all-gather behind the
+    first ring step and each dK/dV send behind the next step. Same kernels, 8B at 256k on one
+    node, CP 8: every transfer fits inside an attention step, so eager exposes none of it."""
+    from hetersim.layer import layer_costs
+
+    opts = dict(n_gpus=8, tp=1, cp=8, pp=1, global_batch=1, seq_len=262144, zero=3, recompute="full")
+    out = {}
+    for st in ("torchtitan", "torchtitan-compile"):
+        m, s, p = make(catalog, "llama3.1-8b", stack=st, attention="flash2", **opts)
+        lc = layer_costs(m, s, p, cal)
+        out[st] = (float(lc.cp_f), float(lc.cp_b))
+    net = s.network
+    _, s_cp, _, _ = comm.strides(p)
+    T = 262144 / 8
+    kv = T * 2 * 32 * 128 * 2.0  # K and V repeated to the 32 query heads, bf16
+    ring, dkv = (float(comm.p2p_s(net, s_cp, b, n=8.0)) for b in (kv, 2.0 * kv))  # dK/dV in fp32
+    assert out["torchtitan-compile"][0] == pytest.approx(7 * ring, rel=1e-5)
+    assert out["torchtitan-compile"][1] == pytest.approx(7 * ring + 8 * dkv, rel=1e-5)
+    assert out["torchtitan"] == (0.0, 0.0)  # eager: every transfer hides behind a ring step here
+
+
+def test_pytorchs_ring_merges_its_steps_in_fp32_through_hbm(catalog, cal):
+    """PyTorch's ring attention merges each step's output into an fp32 running output and
+    accumulates dQ/dK/dV in fp32, with a torch.cat per step: HBM time on top of the attention
+    kernels, none without context parallelism or under Transformer Engine's ring, growing with
+    the ring's length at the same tokens per rank, and the byte count the source's operations give."""
+    from hetersim.layer import _torch_ring_merge_s
+
+    def merge(stack, cp):
+        m, s, p = make(
+            catalog,
+            "llama3.1-8b",
+            stack=stack,
+            attention="flash2",
+            n_gpus=8,
+            tp=1,
+            cp=cp,
+            pp=1,
+            global_batch=1,
+            seq_len=32768 * cp,
+            zero=3,
+            recompute="full",
+        )
+        p = compute.resolve_kernels(s.device, p)
+        return s, [float(x) for x in _torch_ring_merge_s(s.device, cal, m, p, 32768.0, 2.0)]
+
+    assert merge("torchtitan", 1)[1] == [0.0, 0.0]
+    assert merge("megatron", 4)[1] == [0.0, 0.0]
+    f2, f4, f8 = (merge("torchtitan-compile", cp)[1] for cp in (2, 4, 8))
+    assert 0.0 < f2[0] < f4[0] < f8[0] and 0.0 < f2[1] < f4[1] < f8[1]
+    s, (fwd, bwd) = merge("torchtitan-compile", 8)
+    E = 32768.0 * 32 * 128  # elements of Q, the output, K and V (K, V repeated to the query heads)
+    # forward: 7 steps x (K/V cat 8 + half-query merge 5 + whole-output cat 8) + 2 casts 12 bytes
+    # per element; backward: zeroed fp32 dQ/dK/dV 12, first step's dK/dV 20, 7 x (K/V cat 8 +
+    # half dK/dV added 10 + their cat 16), 8 x (dK/dV send buffer 16 + dQ 10), casts 18.
+    bw = float(s.device.hbm_bw_GBps) * 1e9 * float(cal.mem_bw_eff)
+    over = float(cal.kernel_overhead_us) * 1e-6
+    assert fwd == pytest.approx((7 * 21 + 12) * E / bw + 23 * over, rel=1e-5)
+    assert bwd == pytest.approx((12 + 20 + 7 * 34 + 8 * 26 + 18) * E / bw + 53 * over, rel=1e-5)
+
+
 def test_torchtitans_op_level_selective_recompute_reruns_every_second_matmul_not_attention(catalog, cal):
     """torchtitan's op-level policy saves every matmul's output but every second one and the
     attention kernel's: its selective recomputation is the k, o and w3 projections' forward plus

@@ -32,6 +32,10 @@ def test_step_time_error_is_bounded(report):
         f"\nMAPE all {report['mape_step_time_pct']:.1f}%  complete rows {report['mape_step_time_pct_complete']:.1f}%"
         f"  max {report['max_abs_error_pct']:.1f}%  infeasible {report['n_infeasible']}"
     )
+    # 7.39% since PyTorch's ring attention is priced as it runs (layer._torch_ring_merge_s: its fp32
+    # merges and accumulators through HBM; layer._cp_exposed: compiled, each of its collectives waits
+    # where it is issued): torchtitan's cp 2-8 rows -8.5 / -32.7 / -36.1 -> -2.4 / -27.1 / -30.1%
+    # (8B) and -19.5 / -19.0 / -26.2 -> -3.4 / +3.1 / -6.2% (405B, its ring across nodes).
     # 8.29% since FSDP gathers and reduces one unit at a time (terms/dp.dp_collectives: torchtitan's
     # 8B runs on 128 GPUs lose ring latency the 50M buckets gave them), 8.18% before;
     # 8.18% since Megatron-Core reduces an interleaved chunk's gradients as the chunk finishes
@@ -40,17 +44,17 @@ def test_step_time_error_is_bounded(report):
     # and the element-wise ops, not attention: terms/compute.op_sac_recompute_s), 8.6% before;
     # 8.5% since DeepSpeed's ZeRO-3 holds a Linear and a reduce bucket, not whole layers
     # (memory.zero3_gathered_bytes): Narayanan's 530B run fits at its own micro-batch 4 (8.9% before).
-    assert report["mape_step_time_pct"] <= 8.3
+    assert report["mape_step_time_pct"] <= 7.4
     # 3.3% since the constants are fitted per source (Narayanan's PTD-P runs, the complete ones,
     # carry 1/9 of the weight instead of 16/78); the issue's target is 10%.
     assert report["mape_step_time_pct_complete"] <= 3.5
     assert report["n_infeasible"] == 0
-    # Every row within 37% (the issue's target is 25%). The worst are torchtitan's context-parallel
-    # runs at 131k-262k tokens (cp 4-8), predicted 33-36% fast since attention's utilisation rises
-    # with the keys per call (terms/attention.py): something of PyTorch's ring attention that the
-    # model does not price (cp 1-2 rows of the same table are within 9%); then the NeMo-Launcher
-    # 175B run (-27%) and Narayanan's ZeRO-3 530B run on 2240 GPUs (+27%).
-    assert report["max_abs_error_pct"] <= 37.0
+    # Every row within 31% (the issue's target is 25%). The worst are torchtitan's 8B
+    # context-parallel runs at 131k-262k tokens (cp 4-8), predicted 27-30% fast (33-36% before the
+    # ring's own costs were priced): per attention FLOP they ran about 1.5x slower than the cp 1-2
+    # rows of the same table, which no cost of PyTorch's ring that grows with cp reproduces; then
+    # Narayanan's ZeRO-3 530B run on 2240 GPUs (+27%) and the NeMo-Launcher 175B run (-24%).
+    assert report["max_abs_error_pct"] <= 31.0
 
 
 @pytest.mark.parametrize(
@@ -64,10 +68,10 @@ def test_step_time_error_is_bounded(report):
         ("Narayanan SC'21", 6.5),  # 5.7% (7.3% with whole ZeRO-3 layers in HBM)
         ("NVIDIA/Megatron-LM", 12.5),
         ("NVIDIA/NeMo", 6.5),  # 6.0% (5.1% before the stack profiles and attention by shape)
-        # 12.5% since FSDP's per-unit collectives, 12.0% before (13.2% before its op-level
-        # selective recomputation): the context-parallel rows at
-        # 131k-262k tokens (test_step_time_error_is_bounded).
-        ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", 12.5),
+        # 8.4% since PyTorch's ring attention is priced as it runs (12.5% before; 12.0% before
+        # FSDP's per-unit collectives, 13.2% before its op-level selective recomputation): the
+        # context-parallel rows at 131k-262k tokens (test_step_time_error_is_bounded).
+        ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", 8.5),
     ],
 )
 def test_per_source_error_is_bounded(report, label, bound):
@@ -219,14 +223,16 @@ def test_leave_one_source_out_error_is_bounded(catalog, held_out):
 
     cv = cross_validate(catalog=catalog, steps=300, held=held_out)
     print(f"\nleave-one-source-out MAPE {cv['mape_step_time_pct']:.1f}%")
-    # 9.57% since FSDP's per-unit collectives (torchtitan's held-out rows 12.3 -> 12.8%);
+    # 8.58% since PyTorch's ring attention is priced as it runs (torchtitan held out 8.7%; below the
+    # trust issue's 9% target for the first time). 9.57% since FSDP's per-unit collectives
+    # (torchtitan's held-out rows 12.3 -> 12.8%);
     # 9.45% since interleaved chunks reduce their gradients early (comm.chunked_exposed_s): nine
     # of the ten held-out sources move by -2.2 .. +0.6 points, but without Megatron-LM's weak-scaling
     # rows the fit falls into another optimum (tp_overlap 0.27, kernel overhead 5 us, against 0.86 and
     # 6.3 before), and that source goes 7.7 -> 11.1%. 9.08% before (9.35% before torchtitan's
     # op-level selective recomputation; 9.44% with whole ZeRO-3 layers in HBM); the trust issue's
     # target is 9%.
-    assert cv["mape_step_time_pct"] <= 9.6
+    assert cv["mape_step_time_pct"] <= 8.6
     assert cv["per_source"]["Korthikanti 2022"]["mape_pct"] <= 8.0
 
 
