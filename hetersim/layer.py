@@ -54,8 +54,6 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     gemm_b = attn_gemm_b + compute.gemms_bwd_s(dev, cal, plan, mlp_shapes)
     attn_f = compute.attention_fwd_s(dev, cal, model, plan)
     attn_b = compute.attention_bwd_s(dev, cal, model, plan)
-    merge_f, merge_b = _torch_ring_merge_s(dev, cal, model, plan, T, act)
-    attn_f, attn_b = attn_f + merge_f, attn_b + merge_b
     ew_f = compute.layer_elementwise_fwd_s(dev, cal, model, plan)
     ew_b = compute.layer_elementwise_bwd_s(dev, cal, model, plan)
     act_fn_s = compute.activation_fn_s(dev, cal, model, plan)
@@ -145,35 +143,6 @@ def _cp_exposed(model: ModelSpec, net, plan: Plan, s_cp, T, act, attn_f, attn_b)
     cp_f = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_f, ring_f), 0.0)
     cp_b = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_b, ring_b), 0.0)
     return cp_f, cp_b
-
-
-def _torch_ring_merge_s(dev, cal, model: ModelSpec, plan: Plan, T, act):
-    """(forward, backward) HBM time of PyTorch's ring attention's own bookkeeping in one layer
-    (the stack fact cp_torch_ring; torch/distributed/tensor/experimental/_attention.py, PyTorch
-    2.6: _templated_ring_attention, _SDPAMerger, _templated_ring_attention_backward,
-    _partial_update), on the busiest rank of the ring. Per ring step the forward copies K and V
-    into one buffer to pass on (torch.cat), merges the step's output into an fp32 running output
-    (``out - sigmoid(block_lse - lse) * (out - block_out)``; convert_to_f32 = True), and on a step
-    that updates only the second half of the queries (round-robin load balance) rebuilds the whole
-    fp32 output with torch.cat. The backward zeroes fp32 dQ, dK, dV, adds each step's gradients
-    into them (dK, dV through _partial_update on the steps that use half of K, V: a torch.cat of
-    both full fp32 tensors), and concatenates dK and dV into the fp32 buffer it sends on. Counted
-    as one read or write per tensor an operation touches (what a fusing compiler leaves; eager
-    PyTorch moves more): ``E`` elements per tensor (K and V repeated to the query heads)."""
-    E = T * model.heads * model.head_dim / plan.tp
-    a, f, n = act, 4.0, plan.cp
-    fwd = (n - 1.0) * (4.0 * a + (2.0 * f + a) / 2.0 + 2.0 * f) + 2.0 * (a + f)
-    bwd = (
-        3.0 * f
-        + 2.0 * (2.0 * f + a)
-        + (n - 1.0) * (4.0 * a + 2.0 * f + a + 4.0 * f)
-        + n * (4.0 * f + 2.0 * f + a)
-        + 3.0 * (f + a)
-    )
-    on = (compute.stack_fact(stacks.table().cp_torch_ring, plan) > 0) & (plan.cp > 1)
-    merge_f = compute.stream_s(dev, cal, fwd * E, 3.0 * (n - 1.0) + 2.0)
-    merge_b = compute.stream_s(dev, cal, bwd * E, 6.0 * n + 5.0)
-    return jnp.where(on, merge_f, 0.0), jnp.where(on, merge_b, 0.0)
 
 
 def _dense_extras(dev, cal, model: ModelSpec, plan: Plan):

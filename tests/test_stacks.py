@@ -215,12 +215,12 @@ def test_a_compiled_ring_waits_for_each_collective_where_it_is_issued(catalog, c
 
 def test_pytorchs_ring_merges_its_steps_in_fp32_through_hbm(catalog, cal):
     """PyTorch's ring attention merges each step's output into an fp32 running output and
-    accumulates dQ/dK/dV in fp32, with a torch.cat per step: HBM time on top of the attention
-    kernels, none without context parallelism or under Transformer Engine's ring, growing with
-    the ring's length at the same tokens per rank, and the byte count the source's operations give."""
-    from hetersim.layer import _torch_ring_merge_s
+    accumulates dQ/dK/dV in fp32, with a torch.cat per step: HBM bytes priced with the layer's
+    element-wise kernels, none without context parallelism or under Transformer Engine's ring,
+    growing with the ring's length at the same tokens per rank, the count the source's
+    operations give, and in the element-wise time of both passes."""
 
-    def merge(stack, cp):
+    def plan(stack, cp):
         m, s, p = make(
             catalog,
             "llama3.1-8b",
@@ -235,22 +235,31 @@ def test_pytorchs_ring_merges_its_steps_in_fp32_through_hbm(catalog, cal):
             zero=3,
             recompute="full",
         )
-        p = compute.resolve_kernels(s.device, p)
-        return s, [float(x) for x in _torch_ring_merge_s(s.device, cal, m, p, 32768.0, 2.0)]
+        return m, s, compute.resolve_kernels(s.device, p)
 
-    assert merge("torchtitan", 1)[1] == [0.0, 0.0]
-    assert merge("megatron", 4)[1] == [0.0, 0.0]
-    f2, f4, f8 = (merge("torchtitan-compile", cp)[1] for cp in (2, 4, 8))
+    def merge(stack, cp):
+        m, _, p = plan(stack, cp)
+        return [float(x) for x in compute.ring_merge_bytes(m, p)]
+
+    assert merge("torchtitan", 1) == [0.0, 0.0]
+    assert merge("megatron", 4) == [0.0, 0.0]
+    f2, f4, f8 = (merge("torchtitan-compile", cp) for cp in (2, 4, 8))
     assert 0.0 < f2[0] < f4[0] < f8[0] and 0.0 < f2[1] < f4[1] < f8[1]
-    s, (fwd, bwd) = merge("torchtitan-compile", 8)
-    E = 32768.0 * 32 * 128  # elements of Q, the output, K and V (K, V repeated to the query heads)
-    # forward: 7 steps x (K/V cat 8 + half-query merge 5 + whole-output cat 8) + 2 casts 12 bytes
-    # per element; backward: zeroed fp32 dQ/dK/dV 12, first step's dK/dV 20, 7 x (K/V cat 8 +
-    # half dK/dV added 10 + their cat 16), 8 x (dK/dV send buffer 16 + dQ 10), casts 18.
+    # Per token, K and V repeated to the 32 query heads of 128: forward 7 steps x (K/V cat 8 +
+    # half-query merge 5 + whole-output cat 8) + 2 casts 12 bytes per element; backward: zeroed
+    # fp32 dQ/dK/dV 12, first step's dK/dV 20, 7 x (K/V cat 8 + half dK/dV added 10 + their cat
+    # 16), 8 x (dK/dV send buffer 16 + dQ 10), casts 18.
+    w = 32 * 128
+    assert f8[0] == pytest.approx((7 * 21 + 12) * w, rel=1e-6)
+    assert f8[1] == pytest.approx((12 + 20 + 7 * 34 + 8 * 26 + 18) * w, rel=1e-6)
+    # The same 32k tokens per rank at cp 8 and cp 1: the element-wise time differs by the ring's
+    # bytes at the HBM rate, forward and backward.
+    (m, s, p8), (_, _, p1) = plan("torchtitan-compile", 8), plan("torchtitan-compile", 1)
     bw = float(s.device.hbm_bw_GBps) * 1e9 * float(cal.mem_bw_eff)
-    over = float(cal.kernel_overhead_us) * 1e-6
-    assert fwd == pytest.approx((7 * 21 + 12) * E / bw + 23 * over, rel=1e-5)
-    assert bwd == pytest.approx((12 + 20 + 7 * 34 + 8 * 26 + 18) * E / bw + 53 * over, rel=1e-5)
+    d_f = compute.layer_elementwise_fwd_s(s.device, cal, m, p8) - compute.layer_elementwise_fwd_s(s.device, cal, m, p1)
+    d_b = compute.layer_elementwise_bwd_s(s.device, cal, m, p8) - compute.layer_elementwise_bwd_s(s.device, cal, m, p1)
+    assert float(d_f) == pytest.approx(32768.0 * f8[0] / bw, rel=1e-4)
+    assert float(d_b) == pytest.approx(32768.0 * f8[1] / bw, rel=1e-4)
 
 
 def test_torchtitans_op_level_selective_recompute_reruns_every_second_matmul_not_attention(catalog, cal):

@@ -436,7 +436,29 @@ def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
     rope = m.rope * _by_fusion(ROPE_BYTES, ea) * (q_width(m) + kv_width(m)) / t
     act_fn = act_fn_bytes(m, plan) * f / t
     fp8 = jnp.where(low_precision(plan), 3.0 * (3.0 * h + f) / t, 0.0)
-    return T * (e * (hidden_ops + rope + act_fn) + fp8)
+    return T * (e * (hidden_ops + rope + act_fn) + fp8 + ring_merge_bytes(m, plan)[0])
+
+
+def ring_merge_bytes(m: ModelSpec, plan: Plan):
+    """(forward, backward) HBM bytes per token of one layer for PyTorch's ring attention's own
+    bookkeeping (the stack fact cp_torch_ring; torch/distributed/tensor/experimental/_attention.py,
+    PyTorch 2.6: _templated_ring_attention, _SDPAMerger, _templated_ring_attention_backward,
+    _partial_update), on the busiest rank; 0 without it or without context parallelism. Per ring
+    step the forward copies K and V into one buffer to pass on (torch.cat), merges the step's
+    output into an fp32 running output (``out - sigmoid(block_lse - lse) * (out - block_out)``,
+    convert_to_f32 = True), and where the round-robin balance has a step update only the second
+    half of the queries rebuilds the whole fp32 output with torch.cat. The backward zeroes fp32
+    dQ, dK, dV, adds each step's gradients into them (dK, dV through _partial_update on the steps
+    that use half of K, V: a torch.cat of both full fp32 tensors) and concatenates dK and dV into
+    the fp32 buffer it sends on. One read or write per tensor an operation touches (what a fusing
+    compiler leaves; eager PyTorch moves more), K and V repeated to the query heads. Priced with
+    the layer's element-wise kernels (one pass through HBM, no tensor-core work): folded into
+    their byte count, the term costs the sweep almost nothing."""
+    a, f, n = act_bytes(plan), 4.0, plan.cp
+    fwd = (n - 1.0) * (4.0 * a + (2.0 * f + a) / 2.0 + 2.0 * f) + 2.0 * (a + f)
+    bwd = 3.0 * f + 2.0 * (2.0 * f + a) + (n - 1.0) * (5.0 * a + 6.0 * f) + n * (6.0 * f + a) + 3.0 * (f + a)
+    width = jnp.where(n > 1, stack_fact(stacks.table().cp_torch_ring, plan), 0.0) * q_width(m) / plan.tp
+    return width * fwd, width * bwd
 
 
 def mlp_elementwise_bytes(m: ModelSpec, plan: Plan):
@@ -508,8 +530,10 @@ def attn_elementwise_fwd_s(dev, cal, m, plan):
 def layer_elementwise_bwd_s(dev, cal, m, plan):
     """The backward of element-wise kernels reads the saved input and the incoming gradient and
     writes the outgoing gradient: about twice the forward's bytes (and FP8 casts the incoming
-    gradient of each GEMM)."""
-    return stream_s(dev, cal, 2.0 * layer_elementwise_bytes(m, plan), 2.0 * elementwise_kernels_fwd(m, plan))
+    gradient of each GEMM); PyTorch's ring attention's bookkeeping its own (:func:`ring_merge_bytes`)."""
+    fwd, bwd = ring_merge_bytes(m, plan)
+    nbytes = 2.0 * layer_elementwise_bytes(m, plan) + tokens(plan) * (bwd - 2.0 * fwd)
+    return stream_s(dev, cal, nbytes, 2.0 * elementwise_kernels_fwd(m, plan))
 
 
 def head_s(dev, cal, m, plan):
