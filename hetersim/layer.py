@@ -173,7 +173,11 @@ def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str,
     extras_f = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=False)
     extras_b = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=True)
     moe_f = attn_gemm_f + attn_f + attn_ew_f + moe_gemm_f + block_ew_f + extras_f
-    moe_b = attn_gemm_b + attn_b + 2.0 * (attn_ew_f + block_ew_f) + moe_gemm_b + extras_b
+    # The element-wise backward is twice the forward's bytes, but PyTorch's ring bookkeeping
+    # (part of attn_ew_f) has a backward of its own (compute.ring_merge_bytes).
+    ring_f, ring_b = compute.ring_merge_bytes(model, plan)
+    ring_x = compute.stream_s(dev, cal, compute.tokens(plan) * (ring_b - 2.0 * ring_f), 0.0)
+    moe_b = attn_gemm_b + attn_b + 2.0 * (attn_ew_f + block_ew_f) + ring_x + moe_gemm_b + extras_b
     # Tensor parallel: the attention block's collectives, and the shared experts' where there are
     # any (the routed experts run on sequence-parallel tokens and need none).
     tp_share = 0.5 * (1.0 + jnp.where(model.shared_ffn_hidden > 0, 1.0, 0.0))

@@ -260,6 +260,15 @@ def test_pytorchs_ring_merges_its_steps_in_fp32_through_hbm(catalog, cal):
     d_b = compute.layer_elementwise_bwd_s(s.device, cal, m, p8) - compute.layer_elementwise_bwd_s(s.device, cal, m, p1)
     assert float(d_f) == pytest.approx(32768.0 * f8[0] / bw, rel=1e-4)
     assert float(d_b) == pytest.approx(32768.0 * f8[1] / bw, rel=1e-4)
+    # An MoE layer carries the same attention and ring (two experts of half the FFN, both taken):
+    # the same increments from cp 1 to cp 8 in both passes.
+    from hetersim.layer import layer_costs
+
+    e = catalog.model("llama3.1-8b")
+    two = build.model_spec(dict(e, n_experts=2, top_k=2, moe_ffn_hidden=e["ffn_hidden"] // 2))
+    (lc8, lc1), (lm8, lm1) = ((layer_costs(x, s, q, cal) for q in (p8, p1)) for x in (m, two))
+    assert float(lm8.moe_f - lm1.moe_f) == pytest.approx(float(lc8.layer_f - lc1.layer_f), rel=1e-4)
+    assert float(lm8.moe_b - lm1.moe_b) == pytest.approx(float(lc8.layer_b - lc1.layer_b), rel=1e-4)
 
 
 def test_torchtitans_op_level_selective_recompute_reruns_every_second_matmul_not_attention(catalog, cal):
