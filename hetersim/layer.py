@@ -137,7 +137,7 @@ def _cp_exposed(model: ModelSpec, net, plan: Plan, s_cp, T, act, attn_f, attn_b)
     # no wait past compute by default (torch/_inductor/config.py reorder_for_compute_comm_overlap =
     # False): the K/V all-gather of the forward and of the backward and the backward's cp dK/dV
     # sends (one per ring step, the last returning the sums to their owner) are all exposed.
-    traced = (torch_ring > 0) & (compute.stack_fact(stacks.table().compiled, plan) > 0)
+    traced = (torch_ring > 0) & (compute.compiled(plan) > 0)
     gather_f = jnp.where(traced, (plan.cp - 1.0) * ring_step, gather_f)
     gather_b = jnp.where(traced, (plan.cp - 1.0) * ring_step + plan.cp * dkv_step, gather_b)
     cp_f = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_f, ring_f), 0.0)
@@ -173,11 +173,8 @@ def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str,
     extras_f = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=False)
     extras_b = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=True)
     moe_f = attn_gemm_f + attn_f + attn_ew_f + moe_gemm_f + block_ew_f + extras_f
-    # The element-wise backward is twice the forward's bytes, but PyTorch's ring bookkeeping
-    # (part of attn_ew_f) has a backward of its own (compute.ring_merge_bytes).
-    ring_f, ring_b = compute.ring_merge_bytes(model, plan)
-    ring_x = compute.stream_s(dev, cal, compute.tokens(plan) * (ring_b - 2.0 * ring_f), 0.0)
-    moe_b = attn_gemm_b + attn_b + 2.0 * (attn_ew_f + block_ew_f) + ring_x + moe_gemm_b + extras_b
+    attn_ew_b = compute.attn_elementwise_bwd_s(dev, cal, model, plan)
+    moe_b = attn_gemm_b + attn_b + attn_ew_b + 2.0 * block_ew_f + moe_gemm_b + extras_b
     # Tensor parallel: the attention block's collectives, and the shared experts' where there are
     # any (the routed experts run on sequence-parallel tokens and need none).
     tp_share = 0.5 * (1.0 + jnp.where(model.shared_ffn_hidden > 0, 1.0, 0.0))

@@ -527,13 +527,27 @@ def attn_elementwise_fwd_s(dev, cal, m, plan):
     return stream_s(dev, cal, nbytes, elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan))
 
 
+def _ring_merge_bwd_excess(m: ModelSpec, plan: Plan):
+    """Bytes PyTorch's ring bookkeeping's backward moves beyond twice its forward's
+    (:func:`ring_merge_bytes`), which the element-wise backwards below otherwise assume."""
+    fwd, bwd = ring_merge_bytes(m, plan)
+    return tokens(plan) * (bwd - 2.0 * fwd)
+
+
 def layer_elementwise_bwd_s(dev, cal, m, plan):
     """The backward of element-wise kernels reads the saved input and the incoming gradient and
     writes the outgoing gradient: about twice the forward's bytes (and FP8 casts the incoming
     gradient of each GEMM); PyTorch's ring attention's bookkeeping its own (:func:`ring_merge_bytes`)."""
-    fwd, bwd = ring_merge_bytes(m, plan)
-    nbytes = 2.0 * layer_elementwise_bytes(m, plan) + tokens(plan) * (bwd - 2.0 * fwd)
+    nbytes = 2.0 * layer_elementwise_bytes(m, plan) + _ring_merge_bwd_excess(m, plan)
     return stream_s(dev, cal, nbytes, 2.0 * elementwise_kernels_fwd(m, plan))
+
+
+def attn_elementwise_bwd_s(dev, cal, m, plan):
+    """The backward of :func:`attn_elementwise_fwd_s`, as :func:`layer_elementwise_bwd_s` is of
+    the whole layer's."""
+    nbytes = 2.0 * (layer_elementwise_bytes(m, plan) - mlp_elementwise_bytes(m, plan)) + _ring_merge_bwd_excess(m, plan)
+    kernels = 2.0 * (elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan))
+    return stream_s(dev, cal, nbytes, kernels)
 
 
 def head_s(dev, cal, m, plan):
