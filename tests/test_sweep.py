@@ -162,6 +162,29 @@ def test_no_recompile_across_chunks_or_values(tmp_path, tiny):
     assert sweep.trace_count() == before
 
 
+def test_a_fixed_choice_is_compiled_in_and_a_new_one_recompiles(tmp_path, tiny):
+    """What every configuration shares and that chooses (here the software stack, a one-value
+    axis) is a constant of the compiled chunk: another choice compiles again, the same choice
+    with other numbers does not (test above), and the tables split and merge back unchanged."""
+    study = load_study(write_study(tmp_path))
+    tables = sweep.space_from_study(study).tables()
+    shared = sweep_evaluate.Shared(tables)
+    moved = {c for _, c, _ in shared.columns}
+    assert {"stack", "attention", "sp"} <= moved and "ep" not in moved  # numbers stay arguments
+    assert {k for k, _ in shared.fixed} == set(sweep_evaluate.CODED_LEAVES)
+    assert "train_tokens" in shared.runtime(tables)["fixed"]
+    back = shared.merge(shared.runtime(tables))
+    assert jax.tree.all(jax.tree.map(np.array_equal, back, tables))
+    assert shared == sweep_evaluate.Shared(tables) and hash(shared) == hash(sweep_evaluate.Shared(tables))
+    text = write_study(tmp_path).read_text().replace("[plan]\n", '[plan]\nstack = "torchtitan"\n')
+    other = tmp_path / "stack.toml"
+    other.write_text(text)
+    assert sweep_evaluate.Shared(sweep.space_from_study(load_study(other)).tables()) != shared
+    before = sweep.trace_count()
+    sweep.run_sweep(other, tmp_path / "s", chunk=CHUNK, progress=False)
+    assert sweep.trace_count() == before + 1
+
+
 def test_trace_counter_counts_a_new_shape(tmp_path, tiny):
     before = sweep.trace_count()
     sweep.run_sweep(write_study(tmp_path), tmp_path / "c", chunk=CHUNK // 2, progress=False)
