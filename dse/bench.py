@@ -2,9 +2,10 @@
 
 The space is a realistic mix: random valid layouts (GPU count, tp, pp, cp, micro- and global
 batch, vp, sequence length) of LLaMA-2-70B and LLaMA-3-405B on H100 and H200, crossed with ZeRO
-stage, recomputation and precision. It runs through the same compiled :func:`dse.sweep.evaluate.evaluate_chunk`
-as a sweep (results pulled to the host, nothing written), and, for comparison, a few hundred
-configurations one at a time through ``jax.jit(simulate)`` with no ``vmap``.
+stage, recomputation and precision, model and GPU outermost as in a study. It runs through the
+same compiled :func:`dse.sweep.evaluate.evaluate_chunk` as a sweep (results pulled to the host,
+nothing written), and, for comparison, a few hundred configurations one at a time through
+``jax.jit(simulate)`` with no ``vmap``.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ ONE_AT_A_TIME = 300
 
 
 def bench_space(n_configs: int, seed: int = 0) -> Space:
-    """At least ``n_configs`` configurations: random valid layout rows (outermost, so any prefix
-    mixes models, GPUs and options) crossed with 2 models x 2 GPUs x ZeRO 0-3 x 3 recompute modes
-    x bf16/fp8."""
+    """At least ``n_configs`` configurations: 2 models x 2 GPUs (outermost, as in a study's space,
+    :func:`dse.sweep.space.space_from_study`) x random valid layout rows x ZeRO 0-3 x 3 recompute
+    modes x bf16/fp8."""
     rng = np.random.default_rng(seed)
     valid = layout_rows(LAYOUT_CHOICES)  # every layout the host rules keep, then sample them
     inner = len(BENCH_MODELS) * len(BENCH_GPUS) * 4 * len(RECOMPUTE) * 2
@@ -58,9 +59,9 @@ def bench_space(n_configs: int, seed: int = 0) -> Space:
     layout["seq_len"] = rng.choice(SEQ_CHOICES, n_rows)
     catalog = load_catalog()
     factors = (
-        ("layout", layout),
         ("model", {"model": np.arange(len(BENCH_MODELS))}),
         ("gpu", {"gpu": np.arange(len(BENCH_GPUS))}),
+        ("layout", layout),
         ("zero", {"zero": np.arange(4)}),
         ("recompute", {"recompute": np.arange(len(RECOMPUTE))}),
         ("precision", {"precision": np.array([PRECISION.index("bf16"), PRECISION.index("fp8")])}),

@@ -504,13 +504,18 @@ def test_run_bench_reports_its_figures():
 def test_chunk_equals_plain_vmap_of_simulate(cal):
     """The sweep's compiled chunk (XLA options of dse.sweep.evaluate.compiler_options included)
     gives the numbers of plain ``jax.vmap(simulate)`` over specs built from names, on a random
-    sample of the bench space's configurations, in the first chunk and the padded last one."""
-    space = bench_space(5000)
-    tables = space.tables()
+    sample of the bench space's configurations: evaluated a (model, GPU) group at a time (the
+    first chunk, one straddling two groups and the padded last one) and, in a space of groups
+    shorter than a chunk, with each configuration gathering its own model and GPU."""
     plain = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))
     rng = np.random.default_rng(1)
     chunk = 1024
-    for start in (0, (space.size // chunk) * chunk):
+    grouped, small = bench_space(5000), bench_space(200)
+    assert sweep_evaluate.hardware_groups(grouped.tables(), chunk) == grouped.size // 4
+    assert sweep_evaluate.hardware_groups(small.tables(), chunk) is None
+    straddle = grouped.size // 4 - chunk // 2
+    for space, start in ((grouped, 0), (grouped, straddle), (grouped, (grouped.size // chunk) * chunk), (small, 0)):
+        tables = space.tables()
         out = sweep.evaluate_chunk(np.int32(start), tables, cal, chunk=chunk, kinds=space.kinds)
         n = min(chunk, space.size - start)
         pick = np.unique(np.r_[rng.choice(n, 40, replace=False), 0, n - 1])

@@ -207,38 +207,116 @@ def jit(fn: Any, **kwargs: Any) -> Any:
     return jax.jit(fn, **kwargs, **({"compiler_options": options} if options else {}))
 
 
+# A chunk whose configurations share one model and one GPU (or mix) is evaluated with them
+# unbatched, so what depends only on them is computed once per chunk, not per configuration.
+# Studies put model and GPU outermost (dse.sweep.space.space_from_study), so a chunk holds one
+# such group, or two where it straddles a boundary (evaluated once per group and merged).
+MAX_GROUP_PASSES = 2
+
+
+def hardware_groups(tables: Mapping[str, Any], chunk: int) -> int | None:
+    """The configurations per (model, GPU) group when every chunk of ``chunk`` configurations
+    falls in at most :data:`MAX_GROUP_PASSES` groups (model and GPU the outermost factors, and a
+    group at least a chunk long or few groups); None otherwise (each configuration then gathers
+    its own model and GPU)."""
+    factors = tables["factors"]
+    lead = _hardware_lead(factors)
+    if {c for t in factors[:lead] for c in t} != {"model", "gpu"}:
+        return None
+    radices = [next(iter(t.values())).shape[0] for t in factors]
+    inner, groups = math.prod(radices[lead:]), math.prod(radices[:lead])
+    return inner if inner >= chunk or groups <= MAX_GROUP_PASSES else None
+
+
+def _hardware_lead(factors: Sequence[Mapping[str, Any]]) -> int:
+    """How many leading factors hold only the model and GPU columns."""
+    lead = 0
+    while lead < len(factors) and set(factors[lead]) <= {"model", "gpu"}:
+        lead += 1
+    return lead
+
+
+def chunk_groups(tables: Mapping[str, Any], start: int, chunk: int, inner: int) -> list[tuple[int, np.ndarray]]:
+    """(first position in the chunk, [model code, GPU code]) of each group the configurations
+    ``start .. start+chunk-1`` fall in (indices past the end repeat the last configuration)."""
+    factors = tables["factors"]
+    radices = [next(iter(t.values())).shape[0] for t in factors]
+    size = math.prod(radices)
+    lead = _hardware_lead(factors)
+    out = []
+    for g in range(min(start, size - 1) // inner, (min(start + chunk, size) - 1) // inner + 1):
+        rows = digits(g, radices[:lead])
+        codes = {c: int(np.asarray(t[c])[r]) for t, r in zip(factors[:lead], rows, strict=True) for c in t}
+        out.append((max(g * inner - start, 0), np.array([codes["model"], codes["gpu"]], np.int32)))
+    return out
+
+
+@functools.partial(jax.jit, static_argnames="chunk")
+def _merge(first: Any, second: Any, split, *, chunk: int) -> Any:
+    """``first`` before position ``split`` of the chunk, ``second`` from it on."""
+    keep = jnp.arange(chunk) < split
+    return jax.tree.map(lambda a, b: jnp.where(keep, a, b), first, second)
+
+
 class _ChunkFunction:
-    """:func:`evaluate_chunk`: the jitted function is made at its first call or ``lower``, since
-    :func:`compiler_options` compiles (importing this module must not: the command line sets up
-    the compilation cache first, :func:`hetersim.compile_cache.enable`). The tables are split
-    into their :class:`Shared` part, compiled in, and the rest, passed as arguments."""
+    """:func:`evaluate_chunk`: the jitted functions are made at their first call or ``lower``,
+    since :func:`compiler_options` compiles (importing this module must not: the command line
+    sets up the compilation cache first, :func:`hetersim.compile_cache.enable`). The tables are
+    split into their :class:`Shared` part, compiled in, and the rest, passed as arguments; a
+    study whose chunks hold one or two (model, GPU) groups (:func:`hardware_groups`) is
+    evaluated a group at a time with them unbatched."""
 
     @functools.cached_property
     def jitted(self) -> Any:
         return jit(_evaluate_chunk, static_argnames=("chunk", "kinds", "shared"))
 
+    @functools.cached_property
+    def grouped(self) -> Any:
+        return jit(_evaluate_group, static_argnames=("chunk", "kinds", "shared"))
+
     def __call__(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
-        shared = Shared(tables)
-        return self.jitted(start, shared.runtime(tables), cal, chunk=chunk, kinds=kinds, shared=shared)
+        return self._stage(tables, chunk, kinds, None)(start, tables, cal)
 
     def lower(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
+        return self._stage(tables, chunk, kinds, (start, cal))
+
+    def _stage(self, tables: Mapping[str, Any], chunk: int, kinds: tuple, lower: tuple | None) -> _Staged:
         shared = Shared(tables)
-        lowered = self.jitted.lower(start, shared.runtime(tables), cal, chunk=chunk, kinds=kinds, shared=shared)
-        return _Staged(lowered, shared)
+        inner = hardware_groups(tables, chunk)
+        jitted = self.jitted if inner is None else self.grouped
+        static = {"chunk": chunk, "kinds": kinds, "shared": shared}
+        if lower is None:
+            return _Staged(functools.partial(jitted, **static), shared, chunk, inner)
+        start, cal = lower
+        head = () if inner is None else (chunk_groups(tables, int(start), chunk, inner)[0][1],)
+        return _Staged(jitted.lower(start, *head, shared.runtime(tables), cal, **static), shared, chunk, inner)
 
 
 class _Staged:
-    """A lowered or compiled chunk function (JAX's object, whose other attributes it passes on)
-    that takes the full tables, as :func:`evaluate_chunk` does."""
+    """The chunk function, jitted, lowered or compiled (JAX's object, whose other attributes it
+    passes on), called with the full tables as :func:`evaluate_chunk` is: it splits off the
+    :class:`Shared` part and, grouped, runs once per group of the chunk and merges."""
 
-    def __init__(self, staged: Any, shared: Shared):
-        self._staged, self._shared = staged, shared
+    def __init__(self, staged: Any, shared: Shared, chunk: int, inner: int | None):
+        self._staged, self._shared, self._chunk, self._inner = staged, shared, chunk, inner
 
     def compile(self) -> _Staged:
-        return _Staged(self._staged.compile(), self._shared)
+        """Compile (and, grouped, also the merge of two groups' outputs, so no chunk pays for it)."""
+        compiled = self._staged.compile()
+        if self._inner is not None:
+            zeros = jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), compiled.out_info)
+            jax.block_until_ready(_merge(zeros, zeros, np.int32(0), chunk=self._chunk))
+        return _Staged(compiled, self._shared, self._chunk, self._inner)
 
     def __call__(self, start, tables: Mapping[str, Any], cal: Calibration) -> Any:
-        return self._staged(start, self._shared.runtime(tables), cal)
+        runtime = self._shared.runtime(tables)
+        if self._inner is None:
+            return self._staged(start, runtime, cal)
+        out = None
+        for split, hardware in chunk_groups(tables, int(start), self._chunk, self._inner):
+            part = self._staged(start, hardware, runtime, cal)
+            out = part if out is None else _merge(out, part, np.int32(split), chunk=self._chunk)
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._staged, name)
@@ -260,6 +338,22 @@ def _evaluate_chunk(
     model, system, plan = specs_of(col, tables)
     out = simulate_batch(model, system, plan, cal)
     return chunk_outputs(out, model, plan, col["gpu"], tables, kinds)
+
+
+def _evaluate_group(
+    start, hardware, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple, shared: Shared
+) -> dict[str, Any]:
+    """:func:`_evaluate_chunk` with every configuration on the model and GPU of ``hardware``
+    (their codes, int32 [2]), unbatched: what depends on them alone is computed once."""
+    global _TRACES
+    _TRACES += 1
+    tables = shared.merge(tables)
+    col = decode_columns(start, tables, chunk=chunk)
+    model = jax.tree.map(lambda a: a[hardware[0]], tables["models"])
+    system = jax.tree.map(lambda a: a[hardware[1]], tables["systems"])
+    plan = columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
+    out = simulate_batch(model, system, plan, cal, shared_hardware=True)
+    return chunk_outputs(out, model, plan, jnp.broadcast_to(hardware[1], (chunk,)), tables, kinds)
 
 
 def chunk_outputs(out: Any, model: Any, plan: Any, gpu, tables: Mapping[str, Any], kinds: tuple) -> dict[str, Any]:
