@@ -10,6 +10,7 @@ nothing written), and, for comparison, a few hundred configurations one at a tim
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -20,10 +21,20 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from dse.sweep.evaluate import chunk_outputs, decode_columns, evaluate_chunk, jit, simulate_batch, specs_of
-from dse.sweep.space import DEFAULT_CHUNK, Space, layout_rows
+from dse.sweep.evaluate import (
+    chunk_groups,
+    chunk_outputs,
+    decode_columns,
+    evaluate_chunk,
+    hardware_groups,
+    jit,
+    simulate_batch,
+    specs_of,
+)
+from dse.sweep.space import DEFAULT_CHUNK, Space, columns_plan, layout_rows
 from hetersim import build, compile_cache, planfields
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration
@@ -208,24 +219,42 @@ def _best_of(fn: Any, args: tuple[Any, ...], reps: int) -> float:
 
 def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -> dict[str, float]:
     """Seconds per chunk (best of ``reps``) of the four stages of :func:`evaluate_chunk`, each
-    compiled apart and fed the previous stage's output (:data:`SPLIT_NOTE`)."""
+    compiled apart and fed the previous stage's output (:data:`SPLIT_NOTE`): the first chunk, as
+    one (model, GPU) group with them unbatched where the sweep evaluates it so (the study's
+    shared choices are arguments here, not compiled in)."""
     start = np.int32(0)
+    inner = hardware_groups(tables, chunk)
     decode = jit(decode_columns, static_argnames=("chunk",))
-    gather = jit(specs_of)
-    model = jit(simulate_batch)
+    if inner is None:
+        gather, model = jit(specs_of), jit(simulate_batch)
+        gpu_of = jit(lambda col: col["gpu"])
+    else:
+        m, g = (int(c) for c in chunk_groups(tables, 0, chunk, inner)[0][1])
+        gather = jit(lambda col, t: (_pick(t["models"], m), _pick(t["systems"], g), plan_of(col, t["fixed"])))
+        model = jit(functools.partial(simulate_batch, shared_hardware=True))
+        gpu_of = jit(lambda col: jnp.full(chunk, g, jnp.int32))
     reduce = jit(chunk_outputs, static_argnames=("kinds",))
     with compile_cache.bypass():
         col = decode(start, tables, chunk=chunk)
         specs = gather(col, tables)
         out = model(*specs, cal)
+        gpu = gpu_of(col)
         return {
             "decode": _best_of(lambda s: decode(s, tables, chunk=chunk), (start,), reps),
             "gather": _best_of(gather, (col, tables), reps),
             "model": _best_of(model, (*specs, cal), reps),
-            "reductions": _best_of(
-                lambda o: reduce(o, specs[0], specs[2], col["gpu"], tables, kinds=kinds), (out,), reps
-            ),
+            "reductions": _best_of(lambda o: reduce(o, specs[0], specs[2], gpu, tables, kinds=kinds), (out,), reps),
         }
+
+
+def _pick(stacked: Any, code: int) -> Any:
+    """Row ``code`` of a stacked spec (one model or system, unbatched)."""
+    return jax.tree.map(lambda a: a[code], stacked)
+
+
+def plan_of(col: Any, fixed: Any) -> Any:
+    """The batched plan of decoded columns (:func:`dse.sweep.space.columns_plan`)."""
+    return columns_plan(col, fixed, n_gpus=col["n_gpus"], dp=col["dp"])
 
 
 def run_chunks(n_configs: int, chunks: list[int], one_at_a_time: int = ONE_AT_A_TIME) -> list[dict]:
