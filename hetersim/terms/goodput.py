@@ -71,7 +71,7 @@ from ..specs import ModelSpec, Plan, SystemSpec
 from ..types import N_TIERS, CheckpointMode, CheckpointTier, Infeasible, Precision, Tier
 from ..units import GB, HOUR, KWH, GiB
 from . import memory, offload
-from ._safe import pos, safe_div
+from ._safe import pos, safe_div, safe_log2
 from .flops import total_params
 
 _BIG = 1.0e30  # stands for "no limit" (kept finite so that gradients stay finite)
@@ -175,7 +175,10 @@ def straggler_factor(system: SystemSpec, plan: Plan):
     """Mean step time / healthy step time: the step is paced by the slowest rank."""
     host = system.host
     nodes = jnp.maximum(safe_div(plan.n_gpus, host.gpus_per_node, 1.0), 1.0)
-    healthy = jnp.power(jnp.clip(1.0 - host.straggler_node_frac, 0.0, 1.0), nodes)
+    # (1 - frac) ** nodes as 2 ** (nodes log2(1 - frac)): the logarithm is the hardware's alone
+    # (computed once per chunk of a group), the power per configuration a vectorised exponential.
+    base = jnp.clip(1.0 - host.straggler_node_frac, 0.0, 1.0)
+    healthy = jnp.where(base > 0, jnp.exp2(nodes * safe_log2(base)), 0.0)
     return 1.0 + (1.0 - healthy) * host.straggler_slowdown
 
 
