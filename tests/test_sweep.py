@@ -506,6 +506,25 @@ def test_run_bench_reports_its_figures():
     assert result["peak_rss_MiB"] > 0
 
 
+def test_a_long_chunk_runs_as_blocks_with_the_numbers_of_one_program(cal, monkeypatch):
+    """A chunk longer than ``BLOCK`` (and a multiple of it) runs as blocks through one program of
+    ``BLOCK`` configurations and is joined: the same outputs, in order, as the blocks evaluated
+    one by one; the staged function reports its block and places the tables once."""
+    space = bench_space(3000)
+    tables = space.tables()
+    monkeypatch.setattr(sweep_evaluate, "BLOCK", 256)
+    staged = sweep.evaluate_chunk.lower(np.int32(0), tables, cal, chunk=1024, kinds=space.kinds).compile()
+    assert staged.block == 256
+    start = space.size // 4 - 300  # crosses a (model, GPU) group boundary inside the chunk
+    whole = staged(np.int32(start), tables, cal)
+    placed = staged._placed[1]
+    assert staged(np.int32(start), tables, cal) is not None and staged._placed[1] is placed
+    for b in range(4):
+        part = sweep.evaluate_chunk(np.int32(start + 256 * b), tables, cal, chunk=256, kinds=space.kinds)
+        for name, values in part.items():
+            np.testing.assert_array_equal(np.asarray(whole[name])[256 * b : 256 * (b + 1)], np.asarray(values), name)
+
+
 def test_chunk_equals_plain_vmap_of_simulate(cal):
     """The sweep's compiled chunk (XLA options of dse.sweep.evaluate.compiler_options included)
     gives the numbers of plain ``jax.vmap(simulate)`` over specs built from names, on a random
