@@ -102,7 +102,7 @@ def peak_rss_MiB() -> float:
 
 
 def run_bench(
-    n_configs: int = 1_000_000,
+    n_configs: int = 4_000_000,
     chunk: int = DEFAULT_CHUNK,
     one_at_a_time: int = ONE_AT_A_TIME,
     split: bool = False,
