@@ -226,10 +226,11 @@ def jit(fn: Any, **kwargs: Any) -> Any:
 # Studies put model and GPU outermost (dse.sweep.space.space_from_study), so a chunk holds one
 # such group, or two where it straddles a boundary (evaluated once per group and merged).
 MAX_GROUP_PASSES = 2
-# A chunk longer than this (and a multiple of it) is evaluated as blocks of this many
+# On the CPU, a chunk longer than this (and a multiple of it) is evaluated as blocks of this many
 # configurations, one compiled program called in turn, and joined: XLA's CPU code for a longer
 # batch keeps more intermediates (6.5 against 4.6 KB per configuration) and streams them
-# through memory instead of cache (the bench: 3.1 M/s at 262,144 as one program).
+# through memory instead of cache (the bench: 3.1 M/s at 262,144 as one program). A GPU takes
+# the whole chunk at once.
 BLOCK = 16384
 
 
@@ -312,7 +313,7 @@ class _ChunkFunction:
 
     def _stage(self, tables: Mapping[str, Any], chunk: int, kinds: tuple, lower: tuple | None) -> _Staged:
         shared = Shared(tables)
-        block = BLOCK if chunk > BLOCK and chunk % BLOCK == 0 else chunk
+        block = BLOCK if chunk > BLOCK and chunk % BLOCK == 0 and jax.default_backend() == "cpu" else chunk
         inner = hardware_groups(tables, block)
         jitted = self.jitted if inner is None else self.grouped
         static = {"chunk": block, "kinds": kinds, "shared": shared}
