@@ -520,34 +520,37 @@ def op_sac_recompute_s(m: ModelSpec, gemm_f, elementwise_f):
     return share * gemm_f + elementwise_f
 
 
-def attn_elementwise_fwd_s(dev, cal, m, plan):
-    """The element-wise kernels of a layer outside its FFN (norms, residuals, rotary embedding,
-    FP8 casts of the attention GEMMs' inputs): what an MoE layer keeps of a dense layer's."""
+def _attn_elementwise(m: ModelSpec, plan: Plan):
+    """(forward bytes, kernels) of a layer's element-wise kernels outside its FFN (norms,
+    residuals, rotary embedding, FP8 casts of the attention GEMMs' inputs)."""
     nbytes = layer_elementwise_bytes(m, plan) - mlp_elementwise_bytes(m, plan)
-    return stream_s(dev, cal, nbytes, elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan))
+    return nbytes, elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan)
 
 
-def _ring_merge_bwd_excess(m: ModelSpec, plan: Plan):
-    """Bytes PyTorch's ring bookkeeping's backward moves beyond twice its forward's
-    (:func:`ring_merge_bytes`), which the element-wise backwards below otherwise assume."""
+def attn_elementwise_fwd_s(dev, cal, m, plan):
+    """The element-wise kernels of a layer outside its FFN: what an MoE layer keeps of a dense
+    layer's (:func:`_attn_elementwise`)."""
+    return stream_s(dev, cal, *_attn_elementwise(m, plan))
+
+
+def _elementwise_bwd_s(dev, cal, m: ModelSpec, plan: Plan, fwd_bytes, fwd_kernels):
+    """The backward of element-wise kernels of ``fwd_bytes`` and ``fwd_kernels`` in the forward:
+    it reads the saved input and the incoming gradient and writes the outgoing gradient, about
+    twice the forward's bytes in twice its kernels (and FP8 casts the incoming gradient of each
+    GEMM); PyTorch's ring attention's bookkeeping its own backward (:func:`ring_merge_bytes`),
+    not twice its forward."""
     fwd, bwd = ring_merge_bytes(m, plan)
-    return tokens(plan) * (bwd - 2.0 * fwd)
+    return stream_s(dev, cal, 2.0 * fwd_bytes + tokens(plan) * (bwd - 2.0 * fwd), 2.0 * fwd_kernels)
 
 
 def layer_elementwise_bwd_s(dev, cal, m, plan):
-    """The backward of element-wise kernels reads the saved input and the incoming gradient and
-    writes the outgoing gradient: about twice the forward's bytes (and FP8 casts the incoming
-    gradient of each GEMM); PyTorch's ring attention's bookkeeping its own (:func:`ring_merge_bytes`)."""
-    nbytes = 2.0 * layer_elementwise_bytes(m, plan) + _ring_merge_bwd_excess(m, plan)
-    return stream_s(dev, cal, nbytes, 2.0 * elementwise_kernels_fwd(m, plan))
+    """The backward of a layer's element-wise kernels (:func:`_elementwise_bwd_s`)."""
+    return _elementwise_bwd_s(dev, cal, m, plan, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(m, plan))
 
 
 def attn_elementwise_bwd_s(dev, cal, m, plan):
-    """The backward of :func:`attn_elementwise_fwd_s`, as :func:`layer_elementwise_bwd_s` is of
-    the whole layer's."""
-    nbytes = 2.0 * (layer_elementwise_bytes(m, plan) - mlp_elementwise_bytes(m, plan)) + _ring_merge_bwd_excess(m, plan)
-    kernels = 2.0 * (elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan))
-    return stream_s(dev, cal, nbytes, kernels)
+    """The backward of :func:`attn_elementwise_fwd_s`."""
+    return _elementwise_bwd_s(dev, cal, m, plan, *_attn_elementwise(m, plan))
 
 
 def head_s(dev, cal, m, plan):
