@@ -28,13 +28,15 @@ from dse.sweep.evaluate import (
     chunk_groups,
     chunk_outputs,
     decode_columns,
+    decoded_plan,
     evaluate_chunk,
     hardware_groups,
     jit,
+    pick,
     simulate_batch,
     specs_of,
 )
-from dse.sweep.space import DEFAULT_CHUNK, Space, columns_plan, layout_rows
+from dse.sweep.space import DEFAULT_CHUNK, Space, layout_rows
 from hetersim import build, compile_cache, planfields
 from hetersim.catalog import load_catalog
 from hetersim.fit.calibration import load_calibration
@@ -238,7 +240,7 @@ def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -
         gpu_of = jit(lambda col: col["gpu"])
     else:
         m, g = (int(c) for c in chunk_groups(tables, 0, chunk, inner)[0][1])
-        gather = jit(lambda col, t: (_pick(t["models"], m), _pick(t["systems"], g), plan_of(col, t["fixed"])))
+        gather = jit(lambda col, t: (pick(t["models"], m), pick(t["systems"], g), decoded_plan(col, t["fixed"])))
         model = jit(functools.partial(simulate_batch, shared_hardware=True))
         gpu_of = jit(lambda col: jnp.full(chunk, g, jnp.int32))
     reduce = jit(chunk_outputs, static_argnames=("kinds",))
@@ -253,16 +255,6 @@ def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -
             "model": _best_of(model, (*specs, cal), reps),
             "reductions": _best_of(lambda o: reduce(o, specs[0], specs[2], gpu, tables, kinds=kinds), (out,), reps),
         }
-
-
-def _pick(stacked: Any, code: int) -> Any:
-    """Row ``code`` of a stacked spec (one model or system, unbatched)."""
-    return jax.tree.map(lambda a: a[code], stacked)
-
-
-def plan_of(col: Any, fixed: Any) -> Any:
-    """The batched plan of decoded columns (:func:`dse.sweep.space.columns_plan`)."""
-    return columns_plan(col, fixed, n_gpus=col["n_gpus"], dp=col["dp"])
 
 
 def run_chunks(n_configs: int, chunks: list[int], one_at_a_time: int = ONE_AT_A_TIME) -> list[dict]:

@@ -102,12 +102,17 @@ def check_constraints(out: Any, kinds: Sequence[tuple[str, str]], limits: Any, d
     return Checks(bits=bits, relative=rel, total=total, cls=cls, feasible=feasible)
 
 
+def factor_radices(factors: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Rows per factor of the tables (the mixed radix of the flat configuration index)."""
+    return [next(iter(t.values())).shape[0] for t in factors]
+
+
 def decode_columns(start, tables: Mapping[str, Any], *, chunk: int) -> dict[str, Any]:
     """The columns of configurations ``start .. start+chunk-1``: the flat indices decoded into
     per-factor rows with ``jnp`` gathers (indices past the end repeat the last configuration); a
     factor of one row is that row broadcast (a constant where :class:`Shared` put it back)."""
     factors = tables["factors"]
-    radices = [next(iter(t.values())).shape[0] for t in factors]
+    radices = factor_radices(factors)
     idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
     return {
         c: jnp.broadcast_to(t[c][0], (chunk,)) if r == 1 else t[c][d]
@@ -134,8 +139,8 @@ class Shared:
 
     def __init__(self, tables: Mapping[str, Any]):
         columns = []
-        for i, table in enumerate(tables["factors"]):
-            if next(iter(table.values())).shape[0] == 1:
+        for i, (table, rows) in enumerate(zip(tables["factors"], factor_radices(tables["factors"]), strict=True)):
+            if rows == 1:
                 columns += [(i, c, np.asarray(v)) for c, v in table.items() if c in CODE_COLUMNS]
         self.columns = tuple(columns)
         self.fixed = tuple((k, np.asarray(v)) for k, v in tables["fixed"].items() if k in CODED_LEAVES)
@@ -175,9 +180,19 @@ def decode_chunk(start, tables: Mapping[str, Any], *, chunk: int) -> tuple[Any, 
 
 
 def specs_of(col: Mapping[str, Any], tables: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    model = jax.tree.map(lambda a: a[col["model"]], tables["models"])
-    system = jax.tree.map(lambda a: a[col["gpu"]], tables["systems"])
-    return model, system, columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
+    model, system = pick(tables["models"], col["model"]), pick(tables["systems"], col["gpu"])
+    return model, system, decoded_plan(col, tables["fixed"])
+
+
+def pick(stacked: Any, code) -> Any:
+    """Row(s) ``code`` of a stacked spec: one model or system (a scalar code), or one per
+    configuration (a column of codes)."""
+    return jax.tree.map(lambda a: a[code], stacked)
+
+
+def decoded_plan(col: Mapping[str, Any], fixed: Mapping[str, Any]) -> Any:
+    """The batched plan of decoded columns (:func:`dse.sweep.space.columns_plan`)."""
+    return columns_plan(col, fixed, n_gpus=col["n_gpus"], dp=col["dp"])
 
 
 # XLA's CPU backend hands some reductions to YNNPACK (a "ynn fusion", jaxlib 0.10); the one that
@@ -243,7 +258,7 @@ def hardware_groups(tables: Mapping[str, Any], chunk: int) -> int | None:
     lead = _hardware_lead(factors)
     if {c for t in factors[:lead] for c in t} != {"model", "gpu"}:
         return None
-    radices = [next(iter(t.values())).shape[0] for t in factors]
+    radices = factor_radices(factors)
     inner, groups = math.prod(radices[lead:]), math.prod(radices[:lead])
     return inner if inner >= chunk or groups <= MAX_GROUP_PASSES else None
 
@@ -260,7 +275,7 @@ def chunk_groups(tables: Mapping[str, Any], start: int, chunk: int, inner: int) 
     """(first position in the chunk, [model code, GPU code]) of each group the configurations
     ``start .. start+chunk-1`` fall in (indices past the end repeat the last configuration)."""
     factors = tables["factors"]
-    radices = [next(iter(t.values())).shape[0] for t in factors]
+    radices = factor_radices(factors)
     size = math.prod(radices)
     lead = _hardware_lead(factors)
     out = []
@@ -423,7 +438,7 @@ def _evaluate_group(
     col = decode_columns(start, tables, chunk=chunk)
     model = jax.tree.map(lambda a: a[hardware[0]], tables["models"])
     system = jax.tree.map(lambda a: a[hardware[1]], tables["systems"])
-    plan = columns_plan(col, tables["fixed"], n_gpus=col["n_gpus"], dp=col["dp"])
+    plan = decoded_plan(col, tables["fixed"])
     out = simulate_batch(model, system, plan, cal, shared_hardware=True)
     return chunk_outputs(out, model, plan, jnp.broadcast_to(hardware[1], (chunk,)), tables, kinds)
 
