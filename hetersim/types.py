@@ -124,13 +124,22 @@ class Dispatcher(Choice):
 # The software stack that runs the plan (profiles with their sources: catalog/stacks.toml):
 # "megatron" Megatron-Core with Transformer Engine (NeMo 2.x, Megatron-Bridge), the default;
 # "megatron-legacy" Megatron-LM before Megatron-Core and Transformer Engine (2020-22 papers);
-# "torchtitan" torchtitan in eager mode, "torchtitan-compile" with torch.compile;
+# "torchtitan" torchtitan in eager mode, "torchtitan-compile" with torch.compile,
+# "torchtitan-async-tp" with torch.compile and async tensor parallelism;
 # "deepspeed" DeepSpeed ZeRO and its pipeline engine (Megatron-DeepSpeed);
 # "fsdp" PyTorch FSDP / FSDP2 frameworks running eager Hugging Face-style modules
 # (HF Accelerate / Trainer, llm-foundry / Composer); "maxtext" JAX/MaxText on NVIDIA GPUs;
 # "llm-foundry" llm-foundry / Composer as in its 2023 MPT benchmark tables (Triton FlashAttention).
 StackName = Literal[
-    "megatron", "megatron-legacy", "torchtitan", "torchtitan-compile", "deepspeed", "fsdp", "maxtext", "llm-foundry"
+    "megatron",
+    "megatron-legacy",
+    "torchtitan",
+    "torchtitan-compile",
+    "deepspeed",
+    "fsdp",
+    "maxtext",
+    "llm-foundry",
+    "torchtitan-async-tp",
 ]
 
 
@@ -143,6 +152,7 @@ class Stack(Choice):
     FSDP = 5
     MAXTEXT = 6
     LLM_FOUNDRY = 7
+    TORCHTITAN_ASYNC_TP = 8
 
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").
