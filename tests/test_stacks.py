@@ -165,7 +165,7 @@ def test_sequence_parallel_backward_waits_for_the_gradients_all_gather(catalog, 
     legacy_sp, legacy = tp(True, "megatron-legacy"), tp(False, "megatron-legacy")
     # no SP: the forward's two all-reduces exposed, the backward's hidden (1.3B: wgrad GEMMs suffice)
     assert legacy_sp == pytest.approx(1.5 * legacy, rel=1e-5)
-    hidden = cal.tp_overlap
+    hidden = float(cal.tp_overlap)
     te_sp, te = tp(True, "megatron"), tp(False, "megatron")
     assert te_sp == pytest.approx(te * 1.5, rel=1e-5) and te == pytest.approx((1.0 - hidden) * legacy, rel=1e-5)
 
@@ -190,7 +190,7 @@ def test_async_tp_gives_torchtitans_measured_speedup(catalog, cal, model, gpus, 
 
     vanilla, overlapped = step("torchtitan-compile"), step("torchtitan-async-tp")
     assert vanilla / overlapped == pytest.approx(speedup, abs=0.01)
-    assert ASYNC_TP_HIDDEN < cal.tp_overlap
+    assert ASYNC_TP_HIDDEN < float(cal.tp_overlap)
 
 
 def test_fsdp_gathers_and_reduces_one_unit_at_a_time(catalog, cal):
