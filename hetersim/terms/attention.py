@@ -28,11 +28,18 @@ their Triton port, Dao-AILab/flash-attention flash_attn/flash_attn_triton.py, wh
 copied as llmfoundry/models/layers/flash_attn_triton.py and ran in its 2023 benchmark tables) run
 at :data:`FLASH1_VS_FA2` of the FlashAttention-2 rate at every sequence length. The same figures
 (forward + backward, causal, head dimension 128, seq 4k-16k) give FlashAttention-1 / -2 = 76/173,
-80/182, 83/189 on A100 and 126/294, 135/308, 137/328 on H100, and the Triton port / -2 = 74/173,
-78/182, 80/189 on A100: 0.42-0.44, 0.43 their middle. Their head-size dependence differs from
-FlashAttention-2's: at head dimension 64 the A100 figure gives FlashAttention-1 97 TFLOP/s against 83
-at 128 and the Triton port 80 against 80, so they lose nothing at the smaller head
-(:data:`FA1_SOFTMAX_COST` = 0).
+80/182, 83/189 on A100 and 126/294, 135/308, 137/328 on H100: 0.42-0.44, 0.43 their middle. The
+figures' "Triton" curve (74/173, 78/182, 80/189 on A100) is not the port llm-foundry ran but
+OpenAI's triton.ops.flash_attention of mid-2023 (the script that drew them imports it:
+Dao-AILab/flash-attention @ 60499abc benchmarks/benchmark_flash_attention.py); of the port there
+is only its own docstring, "Triton forward + backward is slightly slower than CUDA forward +
+backward" (flash_attn_triton.py), so FlashAttention-1's ratio stands for both. Its head-size
+dependence differs from FlashAttention-2's: at head dimension 64 the A100 figure gives
+FlashAttention-1 97 TFLOP/s against 83 at 128 (OpenAI's Triton kernel 80 against 80), so these
+kernels lose nothing at the smaller head (:data:`FA1_SOFTMAX_COST` = 0). llm-foundry's own tables
+(physics check, benchmarks/foundry_tables.py) ran faster than this at 8k-64k, about 0.5 of
+FlashAttention-2 per attention FLOP; no kernel measurement says so, so the ratio stays the
+published one.
 """
 
 from __future__ import annotations
