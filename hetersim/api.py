@@ -409,9 +409,10 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         raise FieldError(f"{{0}} {gb} is not a multiple of {{1}} x dp = {mb} x {dp}", "global_batch", "micro_batch")
     if vp > 1 and pp == 1:
         raise FieldError(f"{{0}} {vp} needs {{1}} > 1 (interleaving splits a pipeline stage into chunks)", "vp", "pp")
-    if vp > 1 and (gb // (mb * dp)) % pp:
+    n_micro = gb // (mb * dp)
+    if vp > 1 and n_micro % pp:  # simulate's Infeasible.SCHEDULE flags the same in a sweep
         raise FieldError(
-            f"{{0}} {gb} / ({{1}} {mb} x dp {dp}) = {gb // (mb * dp)} micro-batches is not a multiple of {{2}} {pp}, "
+            f"{{0}} {gb} / ({{1}} {mb} x dp {dp}) = {n_micro} micro-batches is not a multiple of {{2}} {pp}, "
             "which the interleaved schedule needs (Megatron-Core refuses a last group of fewer than pp "
             "micro-batches: megatron/core/pipeline_parallel/schedules.py @ d98e8a64)",
             "global_batch",

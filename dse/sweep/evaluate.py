@@ -436,8 +436,7 @@ def _evaluate_group(
     _TRACES += 1
     tables = shared.merge(tables)
     col = decode_columns(start, tables, chunk=chunk)
-    model = jax.tree.map(lambda a: a[hardware[0]], tables["models"])
-    system = jax.tree.map(lambda a: a[hardware[1]], tables["systems"])
+    model, system = pick(tables["models"], hardware[0]), pick(tables["systems"], hardware[1])
     plan = decoded_plan(col, tables["fixed"])
     out = simulate_batch(model, system, plan, cal, shared_hardware=True)
     return chunk_outputs(out, model, plan, jnp.broadcast_to(hardware[1], (chunk,)), tables, kinds)
