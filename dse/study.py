@@ -461,12 +461,11 @@ def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
             raise _err(origin, "plan.micro_batch", f"{b} is larger than every plan.global_batch")
 
 
-def _number(origin: str, key: str, value: Any, positive: bool = True, hi: float = math.inf) -> float:
+def _number(origin: str, key: str, value: Any) -> float:
+    """A positive finite number (a constraint's bound)."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (positive and value <= 0) or (not positive and value < 0) or (ok and value > hi):
-        kind = "a positive number" if positive else "a number >= 0"
-        bound = "" if math.isinf(hi) else f" up to {hi:.6g}"
-        raise _err(origin, key, f"must be {kind}{bound}; got {value!r}")
+    if not ok or value <= 0:
+        raise _err(origin, key, f"must be a positive number; got {value!r}")
     return float(value)
 
 
@@ -478,7 +477,12 @@ def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
             continue
         f, value, full = planfields.BY_NAME[key], plan_t[key], f"plan.{key}"
         if f.kind == "float":
-            out[key] = _number(origin, full, value, positive=f.lo > 0, hi=f.hi)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise _err(origin, full, f"must be {planfields.rule(key)}; got {value!r}")
+            try:  # the registry's own range (its lower bound too: moe_imbalance >= 1)
+                out[key] = planfields.leaf_value(f, value)
+            except ValueError:
+                raise _err(origin, full, f"must be {planfields.rule(key)}; got {value!r}") from None
         elif f.kind == "bool":
             if not isinstance(value, bool):
                 raise _err(origin, full, f"must be true or false; got {value!r}")

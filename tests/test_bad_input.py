@@ -46,6 +46,9 @@ CASES = [
     ("set-hbm-bw-1e40", ev("--set", "hbm_bw_GBps=1e40"), ["hbm_bw_GBps", "at most"]),
     ("cxl-expander-count-1e23", ev("--cxl-expander", f"micron-cz120:{BIG}"), ["--cxl-expander", "<="]),
     ("tp-1e23", ev("--tp", BIG), ["--tp", "<="]),
+    # a float field's range in words: its real bounds, never the integers between them
+    ("fragmentation-above-range", ev("--fragmentation", "1.5"), ["--fragmentation", ">= 0 and <= 0.9", "1.5"]),
+    ("moe-imbalance-below-one", ev("--moe-imbalance", "0.5"), ["--moe-imbalance", ">= 1", "0.5"]),
     ("sweep-chunk-1e23", ["sweep", STUDY, "--chunk", BIG, "--out", "{tmp}"], ["--chunk", "<="]),
     ("sweep-top-k-1e23", ["sweep", STUDY, "--top-k", BIG, "--out", "{tmp}"], ["--top-k", "<="]),
     ("bench-configs-1e23", ["bench", "--configs", BIG], ["--configs", "<="]),
@@ -67,6 +70,11 @@ CASES = [
     ("batch-not-multiple", ev("--micro-batch", "2", global_batch="60"), ["--global-batch"]),
     ("layers-per-stage-without-cluster", ev("--layers-per-stage", "16"), ["--layers-per-stage", "--cluster"]),
     ("study-min-above-max", ["sweep", "{tmp}/min_above_max.toml", "--out", "{tmp}"], ["constraints.min_mfu"]),
+    (
+        "study-imbalance-below-one",
+        ["sweep", "{tmp}/imbalance_below_one.toml", "--out", "{tmp}"],
+        ["study file", "imbalance_below_one.toml", "plan.moe_imbalance", ">= 1"],
+    ),
     # files that are folders, binary, or missing: the error names the file
     ("model-is-a-folder", ev(model="{tmp}/folder.json"), ["folder.json", "folder"]),
     ("model-binary", ev(model="{tmp}/binary.json"), ["binary.json"]),
@@ -112,6 +120,8 @@ def prepared(tmp: Path) -> Path:
         .replace("[constraints]\n", "[constraints]\nmin_mfu = 0.6\nmax_mfu = 0.4\n", 1)
     )
     (tmp / "min_above_max.toml").write_text(study)
+    default = (ROOT / "studies" / "default.toml").read_text()
+    (tmp / "imbalance_below_one.toml").write_text(default.replace("[plan]\n", "[plan]\nmoe_imbalance = 0.5\n", 1))
     readonly = tmp / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)

@@ -209,7 +209,7 @@ def test_deepspeed_zero3_regathers_what_it_releases():
     llama = dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, mlp="gated")
     small = build.model_spec(llama)
     assert float(zero3_regather(small, ds)) == 0.0
-    with pytest.raises(ValueError, match="reuse_Mparams must be >= 0"):
+    with pytest.raises(ValueError, match="reuse_Mparams must be a number >= 0 and <= 10,000,000"):
         build.plan_spec(reuse_Mparams=-1.0, **kw)
 
 
