@@ -275,6 +275,18 @@ def parse_plan(data: Mapping[str, Any], origin: str = "plan") -> HeteroPlan:
     for key in ("cluster", "link"):
         if key in data and not isinstance(data[key], str):
             raise ValueError(f"{origin}: {key} must be a string; got {data[key]!r}")
+    if "cluster" in data:
+        try:
+            parse_cluster_groups(data["cluster"])
+        except ValueError as e:
+            raise ValueError(f"{origin}: {e}") from None
+    for key, value in options.items():  # each value in its field's range, named where it is
+        if value == planfields.AUTO and planfields.BY_NAME[key].default == planfields.AUTO:
+            continue  # derived by the field's rule (sp: on when tp > 1)
+        try:
+            planfields.leaf_value(planfields.BY_NAME[key], value)
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"{origin}: {e.args[0] if e.args else e}") from None
     return HeteroPlan(pipes, balance, options, data.get("cluster"), data.get("link"))
 
 

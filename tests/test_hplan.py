@@ -262,6 +262,8 @@ def test_a_plan_file_round_trips_and_evaluates(tmp_path, catalog, cal):
         (('balance = "speed"', 'balance = "fast"'), "balance must be one of equal, speed"),
         (("count = 2 }", "count = 0 }"), "stage 0 replica 1: count must be an integer >= 1"),
         (("layers = 12", "layers = 12\nfoo = 1"), "stage 0: unknown key 'foo'"),
+        (("micro_batch = 1", 'micro_batch = "one"'), "micro_batch must be a positive integer"),
+        (("micro_batch = 1", 'micro_batch = 1\nrecompute = "half"'), "recompute must be one of none, selective, full"),
     ],
 )
 def test_bad_plan_files_name_the_stage_and_field(tmp_path, catalog, edit, message):
@@ -271,6 +273,14 @@ def test_bad_plan_files_name_the_stage_and_field(tmp_path, catalog, edit, messag
         hp = hplan.read_plan_file(path)
         hplan.check(hp, catalog.model("llama2-7b"), hplan.parse_cluster_counts(hp.cluster), str(path))
     assert str(path) in str(err.value) or "plan" in str(err.value)
+
+
+def test_a_plan_files_cluster_is_checked_where_it_is_read(tmp_path):
+    path = tmp_path / "plan.toml"
+    path.write_text('cluster = "a100-sxm-80gb:0,h100-sxm-80gb:16"\n' + PLAN)
+    with pytest.raises(ValueError, match="must be KIND:COUNT with a positive count") as err:
+        hplan.read_plan_file(path)
+    assert str(err.value).startswith(f"{path}: cluster: 'a100-sxm-80gb:0'")
 
 
 def test_cli_evaluates_a_plan_file_and_refuses_bad_ones(tmp_path):
