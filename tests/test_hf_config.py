@@ -152,6 +152,10 @@ def test_cli_takes_a_folder_and_refuses_what_it_cannot_read(tmp_path):
     assert_user_error(run([*base, "--model", tmp_path / "jamba"]), "num_local_experts", "mixture-of-experts")
     (tmp_path / "empty").mkdir()
     assert_user_error(run([*base, "--model", tmp_path / "empty"]), "config.json")
+    # A shape its own class refuses (transformers >= 5 validates through huggingface_hub, whose
+    # error is no ValueError) or, without that check, the catalog's: one line, never a traceback.
+    write(tmp_path / "odd", {**LLAMA31_8B, "hidden_size": 4097})
+    assert_user_error(run([*base, "--model", tmp_path / "odd"]), "odd", "4097", "multiple")
 
 
 def test_a_study_names_a_config_json(tmp_path):

@@ -214,10 +214,11 @@ def _class_view(raw: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
         return raw, ""
     try:
         loaded = auto.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
-    except ValueError as error:
-        if "Unrecognized model" in str(error) or "model_type" in str(error):
+    except Exception as error:  # noqa: BLE001 - transformers >= 5 validates through huggingface_hub's own errors
+        if isinstance(error, ValueError) and ("Unrecognized model" in str(error) or "model_type" in str(error)):
             return raw, ""
-        first = (str(error).strip().splitlines() or ["invalid"])[0]
+        cause = error.__cause__ or error  # the validator's own ValueError, not its wrapper
+        first = (str(cause).strip().splitlines() or ["invalid"])[0]
         raise _fail(origin, f"transformers refuses it: {first}") from None
     view = _with_standard_names(loaded)
     aliases = getattr(loaded, "attribute_map", {})
