@@ -102,3 +102,11 @@ def _check_ancestor(folder: Path, path: Path, what: str) -> None:
         raise ValueError(f"{what} {path}: {folder} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path}: folder {folder} is not writable")
+    # Permissions are not the whole answer (root passes os.access; /proc, a read-only mount):
+    # create and remove a file there, as the write will.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hetersim-probe.", dir=folder)
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot create a file in {folder} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)

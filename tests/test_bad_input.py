@@ -171,6 +171,25 @@ def test_read_only_output_folder_is_refused_before_the_work(tmp, args, fragments
     assert_one_line_error(result.exit_code, result.stderr, fragments)
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be created")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", STUDY, "--out", "/proc/hetersim-results"],
+        ["plan", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:8,a100-sxm-80gb:8", "--global-batch", "64",
+         "--out", "/proc/plan.toml"],
+        ["validate", "--out", "/proc/validation.json"],
+    ],
+    ids=["sweep", "plan", "validate"],
+)
+def test_an_out_where_no_file_can_be_created_is_refused_before_the_work(tmp, args):
+    """Permission bits are not the whole answer (root passes them, as in CI): the check creates a
+    file where the output will go, so the search never runs to fail at its last step."""
+    result = _invoke(args, tmp)
+    line = assert_one_line_error(result.exit_code, result.stderr, ["--out", "/proc", "cannot create a file"])
+    assert "evaluating" not in result.stdout + line
+
+
 def test_calibrate_out_folder_leaves_no_temporary_file(tmp):
     """The calibration writer itself (not only the CLI's check) leaves no ``*.tmp`` beside a folder."""
     from hetersim.fit.calibration import write_calibration
