@@ -538,22 +538,17 @@ def _number(f: PlanField, value: Any) -> float:
 
 def _rule(f: PlanField) -> str:
     """The range of a numeric field in words (``a positive integer <= 1,048,576``, ``one of 0, 1, 2, 3``)."""
-    kind = "integer" if f.kind == "int" else "number"
     if f.kind == "int" and f.hi - f.lo <= 8:
         return f"one of {', '.join(str(int(x)) for x in range(int(f.lo), int(f.hi) + 1))}"
     bound = "" if math.isinf(f.hi) else f" <= {_bound(f.hi)}"
-    article = "an" if kind == "integer" else "a"
-    if f.lo <= 0:
-        return f"{article} {kind} >= 0 and{bound}" if bound else f"{article} {kind} >= 0"
-    if f.kind == "int":
+    if f.kind == "int" and f.lo > 0:
         return f"a positive integer{bound}"
-    return f"a number >= {f.lo:g} and{bound}" if bound else f"a number >= {f.lo:g}"
+    what = "an integer" if f.kind == "int" else "a number"
+    return f"{what} >= {f.lo:g}" + (f" and{bound}" if bound else "")
 
 
 def _bound(hi: float) -> str:
-    if hi != int(hi):
-        return f"{hi:g}"
-    return f"{int(hi):,}" if hi < 1e9 else f"{hi:.0e}"
+    return f"{hi:g}" if hi != int(hi) else f"{int(hi):,}" if hi < 1e9 else f"{hi:.0e}"
 
 
 def rule(name: str) -> str:
