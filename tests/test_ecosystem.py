@@ -153,6 +153,10 @@ def test_export_csv_and_parquet(sweep_file, optimize_run, tmp_path):
     assert pd.read_csv(tmp_path / "o.csv").trial_number.tolist() == list(range(OPT_TRIALS))
     res = runner.invoke(app, ["export", str(sweep_file)])
     assert res.exit_code == 2 and "--csv" in res.output
+    # Both targets are checked before either is written: nothing half-written.
+    fresh, nowhere = tmp_path / "fresh.csv", tmp_path / "missing" / "t.parquet"
+    res = runner.invoke(app, ["export", str(sweep_file), "--csv", str(fresh), "--parquet", str(nowhere)])
+    assert res.exit_code == 2 and "--parquet" in res.output and not fresh.exists()
     # Parquet where pyarrow imports (recent pyarrow needs NumPy 2; the export says so, in one line).
     try:
         import pyarrow  # noqa: F401

@@ -28,6 +28,11 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
         except ImportError as error:
             found = "" if isinstance(error, ModuleNotFoundError) else f" (installed, but: {error})"
             raise ValueError(f"--parquet needs pyarrow: pip install 'hetersim[parquet]'{found}") from None
+    for target, flag in ((csv, "--csv"), (parquet, "--parquet")):  # both, before anything is written
+        if target is not None:
+            if not target.parent.is_dir():
+                raise ValueError(f"{flag} {target}: folder {target.parent} does not exist")
+            atomic.check_target(target, flag)
     frame = to_frame(path)
     written = []
     for target, write in (
@@ -36,8 +41,6 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
     ):
         if target is None:
             continue
-        if not target.parent.is_dir():
-            raise ValueError(f"{target}: folder {target.parent} does not exist")
         atomic.atomic_write(target, write)
         written.append(str(target))
     out = {"path": str(path), "rows": len(frame), "columns": len(frame.columns), "written": written}
