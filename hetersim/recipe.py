@@ -282,11 +282,13 @@ def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
         plan["n_gpus"] = _int_arg(origin, "--nnodes", args["--nnodes"]) * _int_arg(
             origin, "--nproc-per-node", args["--nproc-per-node"]
         )
-    plan.update(_megatron_precision(args))
+    plan.update(_megatron_precision(args, origin))
     return {"model": _megatron_model(args, origin), "plan": plan}
 
 
-def _megatron_precision(args: dict[str, str | None]) -> dict[str, str]:
+def _megatron_precision(args: dict[str, str | None], origin: str) -> dict[str, str]:
+    if "--bf16" in args and "--fp16" in args:  # megatron/training/arguments.py: assert not args.bf16
+        raise _fail(origin, "--fp16 --bf16", "both given; Megatron-LM takes one of them")
     if "--fp8-format" in args:
         return {"precision": "fp8"}
     if "--bf16" in args:

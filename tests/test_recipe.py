@@ -176,6 +176,9 @@ def test_argument_list_refusals_and_missing_values(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("just words\n")
     assert_user_error(run([*base, "--gpus", "8", "--global-batch", "8", "--recipe", empty]), "no --flag arguments")
+    both = tmp_path / "both.sh"
+    both.write_text(MEGATRON_ARGS.replace("--bf16", "--bf16 --fp16"))  # Megatron-LM asserts one
+    assert_user_error(run([*base, "--recipe", both]), str(both), "--fp16 --bf16", "both given")
     plan_only = tmp_path / "plan.txt"
     plan_only.write_text("--tensor-model-parallel-size 2")
     assert_user_error(run([*base, "--global-batch", "8", "--recipe", plan_only]), "--gpus")
