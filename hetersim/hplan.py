@@ -285,8 +285,8 @@ def parse_plan(data: Mapping[str, Any], origin: str = "plan") -> HeteroPlan:
             continue  # derived by the field's rule (sp: on when tp > 1)
         try:
             planfields.leaf_value(planfields.BY_NAME[key], value)
-        except (ValueError, KeyError) as e:
-            raise ValueError(f"{origin}: {e.args[0] if e.args else e}") from None
+        except ValueError as e:
+            raise ValueError(f"{origin}: {e}") from None
     return HeteroPlan(pipes, balance, options, data.get("cluster"), data.get("link"))
 
 
