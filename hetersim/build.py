@@ -88,7 +88,7 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
     0: none), ``expert_bias`` (the experts' linears carry biases) and ``rope_attention_scale``
     (YaRN's mscale, 1: none) become 0/1 leaves: what they cost depends on the stack.
     """
-    name = entry.get("name", "model")
+    name = entry.get("name", "(unnamed)")
     layers = float(entry["layers"])
     n_exp = _count(entry, "n_experts")
     top_k = _count(entry, "top_k", 1.0 if n_exp > 0 else 0.0)

@@ -4,6 +4,7 @@ files, bad input, and validation on the measured MoE runs (bounded at today's fi
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -337,6 +338,21 @@ def test_an_moe_model_without_expert_sizes_or_with_top_k_above_its_experts_is_re
 # --- validation on the measured MoE runs -----------------------------------------------------
 
 MOE_RUNS = Path(__file__).resolve().parents[1] / "hetersim" / "data" / "moe_runs.csv"
+
+
+def test_a_runs_row_with_experts_but_no_expert_width_names_the_file_and_row(tmp_path):
+    lines = MOE_RUNS.read_text().splitlines()
+    header, row = lines[0], next(r for r in csv.DictReader(lines))
+    row["moe_ffn_hidden"] = ""
+    bad = tmp_path / "runs.csv"
+    with bad.open("w", newline="") as f:
+        writer = csv.DictWriter(f, header.split(","))
+        writer.writeheader()
+        writer.writerow(row)
+    result = CliRunner().invoke(app, ["validate", "--runs", str(bad)])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {bad}: row {row['id']}: ") and "needs moe_ffn_hidden" in line
 
 
 @pytest.mark.slow

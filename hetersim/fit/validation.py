@@ -101,7 +101,10 @@ def prepare(rows: Sequence[Row], catalog, cal: Calibration, path="runs") -> Prep
     measured, kinds, devices = [], [], []
     for i, row in enumerate(rows):
         inp = row_inputs(row, catalog, path)
-        model = models.add(tuple(sorted(inp["model"].items())), build.model_spec, inp["model"])
+        try:
+            model = models.add(tuple(sorted(inp["model"].items())), build.model_spec, inp["model"])
+        except ValueError as e:  # the row's model columns contradict each other
+            raise ValueError(f"{path}: row {row.id}: {e}") from None
         devices.append(cxl_defaults(inp))
         key = (row.fields["gpu"].strip(), inp["scaleup_domain"], tuple(sorted(devices[-1].items())))
         systems.add(key, row_system, row, inp, catalog, path, devices[-1])
