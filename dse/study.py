@@ -477,10 +477,10 @@ def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
             continue
         f, value, full = planfields.BY_NAME[key], plan_t[key], f"plan.{key}"
         if f.kind == "float":
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise _err(origin, full, f"must be {planfields.rule(key)}; got {value!r}")
-            try:  # the registry's own range (its lower bound too: moe_imbalance >= 1)
-                out[key] = planfields.leaf_value(f, value)
+            # A TOML number in the registry's own range (its lower bound too: moe_imbalance >= 1).
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            try:
+                out[key] = planfields.leaf_value(f, value if number else None)
             except ValueError:
                 raise _err(origin, full, f"must be {planfields.rule(key)}; got {value!r}") from None
         elif f.kind == "bool":
