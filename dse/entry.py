@@ -32,6 +32,8 @@ def main() -> None:
         signal.signal(signal.SIGINT, _starting)
     except ValueError:  # not the main thread
         pass
+    if sys.argv[1:2] == ["evaluate"] and not {"-h", "--help"} & set(sys.argv):
+        _prefetch()
     from dse.cli import app
 
     try:
@@ -41,6 +43,18 @@ def main() -> None:
             _exit(done.code or 0)
         raise  # a message as the exit status: Python prints it
     _exit(0)
+
+
+def _prefetch() -> None:
+    """Start loading the compiled programs a repeated ``hetersim evaluate`` will use while the rest
+    starts (:func:`hetersim.compile_cache.prefetch`); it imports JAX first, so only ``evaluate``,
+    whose model needs it anyway, does this. A failure only loses the head start."""
+    try:
+        from hetersim import compile_cache
+
+        compile_cache.prefetch()
+    except Exception:  # noqa: BLE001 - never the command's error: it runs without the prefetch
+        pass
 
 
 def _exit(code: int) -> None:

@@ -33,7 +33,9 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -181,10 +183,14 @@ def _key(name: str, leaves: list[Any], treedef: Any) -> str:
 
 
 # One configuration runs in about 2 ms, so its program is compiled for compile time: XLA's CPU
-# backend at LLVM optimisation level 1 instead of its default 3 compiles the one-configuration
-# simulate program in about 2.5 s instead of 3.0 s on 2 cores, from the same HLO (the same numbers:
-# tests/test_compile_cache.py). Sweeps compile their batched engine apart, at the default level.
-FAST_COMPILE = {"xla_backend_optimization_level": 1}
+# backend at LLVM optimisation level 0 instead of its default 3, from the same HLO (the same
+# numbers: tests/test_compile_cache.py). Level 1 compiled the one-configuration simulate program in
+# about 2.5 s instead of 3.0 s on 2 cores; level 0 takes about 0.45 s less again (a first
+# ``api.configure`` 3.9-4.3 s against 4.4-4.7 s, 2026-12-04, the AMD EPYC), and a call of the
+# compiled program stays within the ~7.5 ms that building a configuration's specs in Python takes
+# (7.5 against 7.2-8.6 ms per ``api.configure`` over 50 calls). Sweeps compile their batched
+# engine apart, at the default level.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 def compile_fast(jitted: Any, args: tuple[Any, ...]) -> Any:
@@ -239,21 +245,85 @@ class CachedJit:
 
     @staticmethod
     def _load(path: Path, args: tuple[Any, ...]) -> tuple[Any, Any] | None:
-        """(compiled, its result for ``args``) from ``path``; None when absent or unusable."""
+        """(compiled, its result for ``args``) from ``path`` (or from :func:`prefetch`'s thread);
+        None when absent or unusable."""
         import jax
         from jax.experimental import serialize_executable
 
         try:
-            with path.open("rb") as handle:
-                serialized, in_tree, out_tree = pickle.load(handle)
-        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError):
-            return None
+            compiled = _PREFETCHED.pop(path).result()
+        except Exception:  # noqa: BLE001 - not prefetched, or its load failed: read it here
+            try:
+                with path.open("rb") as handle:
+                    serialized, in_tree, out_tree = pickle.load(handle)
+            except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError):
+                return None
+            try:
+                compiled = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+            except Exception:  # noqa: BLE001 - any failure of a cached program means: compile it again
+                path.unlink(missing_ok=True)
+                return None
         try:
-            compiled = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
-            return compiled, jax.block_until_ready(compiled(*args))  # an unusable entry fails here
-        except Exception:  # noqa: BLE001 - any failure of a cached program means: compile it again
+            out = jax.block_until_ready(compiled(*args))  # an unusable entry fails here
+        except Exception:  # noqa: BLE001
             path.unlink(missing_ok=True)
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the first that prefetch() loads next time
+        return compiled, out
+
+
+# Programs prefetch() is loading, by entry path: a Future of the loaded program each.
+_PREFETCHED: dict[Path, Future] = {}
+# How many of the most recently used entries prefetch() loads: a dense ``hetersim evaluate`` uses
+# three (the kernel check, the interleave check and the model).
+PREFETCH_ENTRIES = 3
+
+
+def prefetch(folder: Path | None = None, count: int = PREFETCH_ENTRIES) -> None:
+    """Start loading the ``count`` most recently used entries of the executables layer on a
+    background thread, before the command has built its arguments; :class:`CachedJit` takes a
+    prefetched program for the same entry path instead of loading it again.
+
+    Loading the one-configuration model (XLA re-reads the program and redoes its buffer analysis:
+    0.3-0.4 s on 2 cores, about a third of a repeated ``hetersim evaluate``) releases Python's GIL,
+    so it runs while the main thread imports the command line and builds the specs. The files are
+    unpickled here, on the calling thread (that imports the modules of their argument trees, so the
+    thread never imports), and the JAX backend is started here too. Nothing here is an error: a
+    folder that is off or unreadable, or an entry that does not load, only loses the prefetch.
+    ``folder``: the cache folder, default :func:`cache_dir` (the command line calls this before
+    :func:`enable`)."""
+    folder = cache_dir() if folder is None else folder
+    if folder is None or count < 1:
+        return
+    try:
+        paths = sorted((folder / "exe").glob("*.pkl"), key=lambda p: p.stat().st_mtime, reverse=True)[:count]
+    except OSError:
+        return
+    jobs = []
+    for path in paths:
+        try:
+            with path.open("rb") as handle:
+                jobs.append((path, pickle.load(handle)))
+        except Exception:  # noqa: BLE001 - an unreadable entry: CachedJit will compile it again
+            continue
+    if not jobs:
+        return
+    import jax
+    from jax.experimental import serialize_executable
+
+    jax.devices()  # the backend, started on this thread
+    futures = {path: Future() for path, _ in jobs}
+
+    def load() -> None:
+        for path, (serialized, in_tree, out_tree) in jobs:
+            try:
+                futures[path].set_result(serialize_executable.deserialize_and_load(serialized, in_tree, out_tree))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller of result()
+                futures[path].set_exception(error)
+
+    _PREFETCHED.update(futures)
+    threading.Thread(target=load, name="hetersim-prefetch", daemon=True).start()
 
 
 def _store(path: Path, compiled: Any) -> None:

@@ -73,6 +73,43 @@ def test_new_values_hit_the_kept_program_and_a_new_process_loads_it(exe_folder, 
     assert len(list((exe_folder / "exe").glob("toy-*.pkl"))) == 2
 
 
+def test_prefetched_programs_are_used_and_a_failed_prefetch_loads_again(exe_folder, monkeypatch):
+    f = compile_cache.cached_jit(_toy, "toy")
+    f({"a": np.float32(2.0), "b": np.arange(3, dtype=np.float32)}, np.float32(4.0))
+    [older] = (exe_folder / "exe").glob("toy-*.pkl")
+    f({"a": np.float32(1.0), "b": np.ones(4, np.float32)}, np.float32(1.0))  # a second entry
+    [newer] = set((exe_folder / "exe").glob("toy-*.pkl")) - {older}
+    os.utime(older, (1.0, 1.0))  # used long ago
+    compile_cache.prefetch(exe_folder, count=1)  # the most recently used one only
+    assert list(compile_cache._PREFETCHED) == [newer]
+    path = newer
+    compile_cache._PREFETCHED[path].result(timeout=60)  # loaded on the thread
+
+    fresh = compile_cache.cached_jit(_toy, "toy")  # as in a later process
+    monkeypatch.setattr(fresh.jitted, "lower", None)  # must not trace
+    load = compile_cache.pickle.load
+    monkeypatch.setattr(compile_cache.pickle, "load", None)  # nor read the entry again
+    out = fresh({"a": np.float32(3.0), "b": np.ones(4, np.float32)}, np.float32(16.0))
+    assert float(out["y"]) == 52.0 and float(out["z"]) == 4.0
+    assert compile_cache._PREFETCHED == {}  # taken, not kept twice
+    monkeypatch.setattr(compile_cache.pickle, "load", load)
+
+    # A prefetch whose load failed: the entry is read and loaded as without it.
+    failed = compile_cache.Future()
+    failed.set_exception(RuntimeError("no such program"))
+    monkeypatch.setitem(compile_cache._PREFETCHED, path, failed)
+    again = compile_cache.cached_jit(_toy, "toy")({"a": np.float32(3.0), "b": np.ones(4, np.float32)}, np.float32(16.0))
+    assert float(again["y"]) == 52.0
+    assert compile_cache._PREFETCHED == {}
+
+
+def test_prefetch_without_a_folder_or_entries_does_nothing(tmp_path):
+    compile_cache.prefetch(tmp_path / "none")  # no such folder
+    (tmp_path / "empty" / "exe").mkdir(parents=True)
+    compile_cache.prefetch(tmp_path / "empty")
+    assert compile_cache._PREFETCHED == {}
+
+
 def test_an_unusable_entry_is_compiled_again(exe_folder):
     f = compile_cache.cached_jit(_toy, "toy")
     spec = {"a": np.float32(2.0), "b": np.arange(3, dtype=np.float32)}
@@ -156,7 +193,7 @@ def test_enable_makes_the_folder_and_keeps_it(tmp_path, monkeypatch):
 
 
 def test_the_fast_compiled_model_gives_the_same_numbers_as_plain_jit(catalog, cal):
-    """compile_fast (XLA's CPU backend at LLVM -O1, for compile time) runs the same HLO: every
+    """compile_fast (XLA's CPU backend at LLVM -O0, for compile time) runs the same HLO: every
     output of simulate equals plain jax.jit's for dense and MoE layouts."""
     from hetersim.simulate import simulate
 
