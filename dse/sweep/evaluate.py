@@ -205,12 +205,13 @@ def decoded_plan(col: Mapping[str, Any], fixed: Mapping[str, Any]) -> Any:
 # honoured leaves it free to reassociate sums and products and to fuse multiply-adds, no more:
 # the bench 7.0 -> 8.4-8.8 M configurations/s (5,966 -> 5,068 FLOPs per configuration), the
 # studies' datasets within 7e-6 relative of before (float32 rounding), flags and codes the same.
-# XLA's CPU code generator prefers 256-bit vectors even where the CPU has 512-bit ones
-# (``xla_cpu_prefer_vector_width``, default 256, xla/debug_options_flags.cc); the chunk's
-# element-wise fusions are bound by arithmetic, and on an AVX-512 CPU (the 2-core AMD EPYC)
-# 512-bit vectors ran the bench 1.3x faster (medians 8.9-9.6 -> 12.2-12.7 M configurations/s,
-# interleaved rounds) with the same outputs bit for bit. A CPU without AVX-512 keeps its widest
-# vectors (LLVM never emits a width the target lacks).
+# XLA's CPU code generator prefers 256-bit vectors (``xla_cpu_prefer_vector_width``, default
+# 256, xla/debug_options_flags.cc), which also sets how many elements its element-wise loops take
+# per iteration; the chunk's fusions are bound by arithmetic, and with 512 the bench ran 1.3x
+# faster on the 2-core AMD EPYC (medians 8.9-9.6 -> 12.2-12.7 M configurations/s, interleaved
+# rounds), the outputs bit for bit the same. With the instruction set capped at AVX2
+# (``xla_cpu_max_isa``, as on a CPU without AVX-512) it gained as much: 9.4 M/s at 256 against
+# 11.9-12.8 M/s at 512, LLVM then running each 512-bit operation as two 256-bit ones.
 CPU_COMPILER_OPTIONS = {
     "xla_cpu_prefer_vector_width": 512,
     "xla_cpu_experimental_ynn_fusion_type": "",
