@@ -58,13 +58,14 @@ SEQ_CHOICES = (4096, 8192)
 ONE_AT_A_TIME = 300
 
 
-def bench_space(n_configs: int, seed: int = 0) -> Space:
-    """At least ``n_configs`` configurations: 2 models x 2 GPUs (outermost, as in a study's space,
-    :func:`dse.sweep.space.space_from_study`) x random valid layout rows x ZeRO 0-3 x 3 recompute
-    modes x bf16/fp8."""
+def bench_space(n_configs: int, seed: int = 0, models: tuple[str, ...] = BENCH_MODELS) -> Space:
+    """At least ``n_configs`` configurations: ``models`` (catalog names; default 2 dense models)
+    x 2 GPUs (outermost, as in a study's space, :func:`dse.sweep.space.space_from_study`) x random
+    valid layout rows x ZeRO 0-3 x 3 recompute modes x bf16/fp8. A mixture-of-experts model among
+    ``models`` compiles the MoE terms in for all of them."""
     rng = np.random.default_rng(seed)
     valid = layout_rows(LAYOUT_CHOICES)  # every layout the host rules keep, then sample them
-    inner = len(BENCH_MODELS) * len(BENCH_GPUS) * 4 * len(RECOMPUTE) * 2
+    inner = len(models) * len(BENCH_GPUS) * 4 * len(RECOMPUTE) * 2
     n_rows = max(1, -(-n_configs // inner))
     pick = rng.integers(0, len(valid["tp"]), n_rows)
     layout = {c: v[pick] for c, v in valid.items()}
@@ -72,7 +73,7 @@ def bench_space(n_configs: int, seed: int = 0) -> Space:
     layout["seq_len"] = rng.choice(SEQ_CHOICES, n_rows)
     catalog = load_catalog()
     factors = (
-        ("model", {"model": np.arange(len(BENCH_MODELS))}),
+        ("model", {"model": np.arange(len(models))}),
         ("gpu", {"gpu": np.arange(len(BENCH_GPUS))}),
         ("layout", layout),
         ("zero", {"zero": np.arange(4)}),
@@ -85,7 +86,7 @@ def bench_space(n_configs: int, seed: int = 0) -> Space:
     factors += (("fixed", {a: np.array([planfields.encode(a, planfields.DEFAULTS[a])]) for a in rest}),)
     return Space(
         factors=factors,
-        model_entries={k: catalog.model(k) for k in BENCH_MODELS},
+        model_entries={k: catalog.model(k) for k in models},
         gpu_entries={k: catalog.gpu(k) for k in BENCH_GPUS},
         links=dict(catalog.links),
         fixed={"train_tokens": planfields.DEFAULTS["train_tokens"]},
@@ -108,6 +109,7 @@ def run_bench(
     chunk: int = DEFAULT_CHUNK,
     one_at_a_time: int = ONE_AT_A_TIME,
     split: bool = False,
+    models: tuple[str, ...] = BENCH_MODELS,
 ) -> dict:
     """Time ``n_configs`` configurations in chunks of ``chunk`` and ``one_at_a_time`` unbatched.
 
@@ -122,7 +124,7 @@ def run_bench(
         raise ValueError(f"--configs must be a positive integer; got {n_configs}")
     if chunk < 1:
         raise ValueError(f"--chunk must be a positive integer; got {chunk}")
-    space = bench_space(n_configs)
+    space = bench_space(n_configs, models=models)
     cal = build.calibration_spec(load_calibration())
     tables = space.tables()
     kinds = space.kinds
@@ -160,6 +162,7 @@ def run_bench(
         "configs_per_s": n_configs / elapsed,
         "peak_rss_MiB": peak_rss_MiB(),
         "device": device_name(),
+        "models": list(models),
         "one_at_a_time_configs_per_s": one_at_a_time_rate(space, cal, min(one_at_a_time, space.size)),
         **hlo_profile(compiled, compiled.block),
     }
@@ -257,12 +260,15 @@ def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -
         }
 
 
-def run_chunks(n_configs: int, chunks: list[int], one_at_a_time: int = ONE_AT_A_TIME) -> list[dict]:
+def run_chunks(
+    n_configs: int, chunks: list[int], one_at_a_time: int = ONE_AT_A_TIME, models: tuple[str, ...] = BENCH_MODELS
+) -> list[dict]:
     """:func:`run_bench` once per chunk size, each in a new process (``hetersim bench --json``),
     so each row's peak RSS is its own; the first row also times one configuration at a time."""
     rows = []
     for i, chunk in enumerate(chunks):
         cmd = [sys.executable, "-m", "dse", "-q", "bench", "--json", "--configs", str(n_configs)]
+        cmd += ["--models", ",".join(models)]
         cmd += ["--chunk", str(chunk), "--one-at-a-time", str(one_at_a_time if i == 0 else 0)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -131,6 +131,22 @@ def parse_chunks(text: str) -> list[int]:
     return sizes
 
 
+def parse_models(text: str) -> tuple[str, ...]:
+    """``--models llama2-70b,deepseek-v3``: catalog model names, each once."""
+    from hetersim.catalog import load_catalog
+
+    names = tuple(item.strip() for item in text.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise ValueError(f"--models: give distinct catalog model names separated by commas; got {text!r}")
+    catalog = load_catalog()
+    for name in names:
+        try:
+            catalog.model(name)
+        except ValueError as error:
+            raise ValueError(f"--models: {error}") from None
+    return names
+
+
 def bench_command(
     configs: int,
     chunk: int,
@@ -139,17 +155,19 @@ def bench_command(
     chunks: list[int] | None = None,
     split: bool = False,
     one_at_a_time: int = 300,
+    models: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Measure the sweep engine (configurations per second, compile time, peak memory, XLA's
     FLOPs and bytes per configuration); the figures as JSON on stdout (``as_json``) and/or in the
     file ``json_path``. ``chunks``: one row per chunk size instead, each in its own process."""
-    from dse.bench import device_name, run_bench, run_chunks
+    from dse.bench import BENCH_MODELS, device_name, run_bench, run_chunks
 
+    models = BENCH_MODELS if models is None else models
     if chunks:
-        result: dict[str, Any] = {"device": device_name(), "n_configs": configs}
-        result["chunks"] = run_chunks(configs, chunks, one_at_a_time)
+        result: dict[str, Any] = {"device": device_name(), "n_configs": configs, "models": list(models)}
+        result["chunks"] = run_chunks(configs, chunks, one_at_a_time, models)
     else:
-        result = run_bench(configs, chunk, one_at_a_time=one_at_a_time, split=split)
+        result = run_bench(configs, chunk, one_at_a_time=one_at_a_time, split=split, models=models)
     if json_path is not None:
         fmt.write_json_atomic(json_path, result)
     if as_json:
@@ -174,6 +192,7 @@ def _print_bench_table(con, result: Mapping[str, Any]) -> None:
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("device", result["device"])
+    table.add_row("models", ", ".join(result["models"]))
     table.add_row("configurations", f"{result['n_configs']:,}")
     table.add_row("chunk", f"{result['chunk']:,}")
     table.add_row("compile s", f"{result['compile_s']:.2f}")
@@ -246,6 +265,12 @@ def bench_cmd(
         False, "--split", help="Also time decode / gather / model / reductions, each compiled apart."
     ),
     one_at_a_time: int = typer.Option(300, "--one-at-a-time", help="Configurations timed one at a time (0: none)."),
+    models: str | None = typer.Option(
+        None,
+        "--models",
+        help="Comma-separated catalog models of the space [default: llama2-70b,llama3-405b]; "
+        "a mixture-of-experts one (deepseek-v3) adds the MoE terms.",
+    ),
     json_path: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ) -> None:
@@ -258,6 +283,9 @@ def bench_cmd(
         raise ValueError("--split times one chunk size: give --chunk N with it, not --chunks")
     if one_at_a_time < 0:
         raise ValueError(f"--one-at-a-time must be >= 0; got {one_at_a_time}")
+    names = parse_models(models) if models is not None else None
     if json_path is not None:
         atomic.check_target(json_path, "--out")
-    bench_command(configs, chunk, json_path, as_json, chunks=sizes, split=split, one_at_a_time=one_at_a_time)
+    bench_command(
+        configs, chunk, json_path, as_json, chunks=sizes, split=split, one_at_a_time=one_at_a_time, models=names
+    )
