@@ -253,13 +253,11 @@ class CachedJit:
         try:
             compiled = _PREFETCHED.pop(path).result()
         except Exception:  # noqa: BLE001 - not prefetched, or its load failed: read it here
-            try:
-                with path.open("rb") as handle:
-                    serialized, in_tree, out_tree = pickle.load(handle)
-            except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError):
+            entry = _read(path)
+            if entry is None:
                 return None
             try:
-                compiled = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+                compiled = serialize_executable.deserialize_and_load(*entry)
             except Exception:  # noqa: BLE001 - any failure of a cached program means: compile it again
                 path.unlink(missing_ok=True)
                 return None
@@ -271,6 +269,16 @@ class CachedJit:
         with contextlib.suppress(OSError):
             os.utime(path)  # used now: the first that prefetch() loads next time
         return compiled, out
+
+
+def _read(path: Path) -> tuple[Any, Any, Any] | None:
+    """An entry's pickled (serialized executable, argument tree, output tree); None when it is
+    absent or unreadable (CachedJit then compiles it again)."""
+    try:
+        with path.open("rb") as handle:
+            return pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError):
+        return None
 
 
 # Programs prefetch() is loading, by entry path: a Future of the loaded program each.
@@ -300,13 +308,7 @@ def prefetch(folder: Path | None = None, count: int = PREFETCH_ENTRIES) -> None:
         paths = sorted((folder / "exe").glob("*.pkl"), key=lambda p: p.stat().st_mtime, reverse=True)[:count]
     except OSError:
         return
-    jobs = []
-    for path in paths:
-        try:
-            with path.open("rb") as handle:
-                jobs.append((path, pickle.load(handle)))
-        except Exception:  # noqa: BLE001 - an unreadable entry: CachedJit will compile it again
-            continue
+    jobs = [(path, entry) for path in paths if (entry := _read(path)) is not None]
     if not jobs:
         return
     import jax
@@ -316,9 +318,9 @@ def prefetch(folder: Path | None = None, count: int = PREFETCH_ENTRIES) -> None:
     futures = {path: Future() for path, _ in jobs}
 
     def load() -> None:
-        for path, (serialized, in_tree, out_tree) in jobs:
+        for path, entry in jobs:
             try:
-                futures[path].set_result(serialize_executable.deserialize_and_load(serialized, in_tree, out_tree))
+                futures[path].set_result(serialize_executable.deserialize_and_load(*entry))
             except BaseException as error:  # noqa: BLE001 - handed to the caller of result()
                 futures[path].set_exception(error)
 
