@@ -32,7 +32,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, _starting)
     except ValueError:  # not the main thread
         pass
-    if sys.argv[1:2] == ["evaluate"] and not {"-h", "--help"} & set(sys.argv):
+    if prefetches(sys.argv[1:]):
         _prefetch()
     from dse.cli import app
 
@@ -43,6 +43,13 @@ def main() -> None:
             _exit(done.code or 0)
         raise  # a message as the exit status: Python prints it
     _exit(0)
+
+
+def prefetches(args: list[str]) -> bool:
+    """True for an ``evaluate`` command line (not its help): the command is the first word after
+    the global options (-q, -v; none takes a value)."""
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    return command == "evaluate" and not {"-h", "--help"} & set(args)
 
 
 def _prefetch() -> None:

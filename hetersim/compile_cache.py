@@ -250,9 +250,9 @@ class CachedJit:
         import jax
         from jax.experimental import serialize_executable
 
-        try:
-            compiled = _PREFETCHED.pop(path).result()
-        except Exception:  # noqa: BLE001 - not prefetched, or its load failed: read it here
+        future = _PREFETCHED.pop(path, None)  # exception() waits for a prefetch still loading it
+        compiled = None if future is None or future.exception() is not None else future.result()
+        if compiled is None:  # not prefetched, or its load failed: read it here
             entry = _read(path)
             if entry is None:
                 return None
@@ -308,13 +308,19 @@ def prefetch(folder: Path | None = None, count: int = PREFETCH_ENTRIES) -> None:
         paths = sorted((folder / "exe").glob("*.pkl"), key=lambda p: p.stat().st_mtime, reverse=True)[:count]
     except OSError:
         return
-    jobs = [(path, entry) for path in paths if (entry := _read(path)) is not None]
-    if not jobs:
+    if not paths:
         return
+    # JAX imported (and its backend started) before any entry is unpickled: ``import jax`` sets
+    # TF_CPP_MIN_LOG_LEVEL=1 before its C++ runtime loads (jax/__init__.py), and an entry unpickled
+    # first loads that runtime ahead of it (its argument trees name jaxlib's classes), so XLA then
+    # printed its INFO lines ("PjRt-IFRT device count ...") on stderr.
     import jax
     from jax.experimental import serialize_executable
 
-    jax.devices()  # the backend, started on this thread
+    jax.devices()
+    jobs = [(path, entry) for path in paths if (entry := _read(path)) is not None]
+    if not jobs:
+        return
     futures = {path: Future() for path, _ in jobs}
 
     def load() -> None:

@@ -103,6 +103,15 @@ def test_prefetched_programs_are_used_and_a_failed_prefetch_loads_again(exe_fold
     assert compile_cache._PREFETCHED == {}
 
 
+def test_the_entry_point_prefetches_for_evaluate_only():
+    from dse.entry import prefetches
+
+    assert prefetches(["evaluate", "--model", "llama2-70b"])
+    assert prefetches(["-q", "evaluate", "--model", "llama2-70b"])  # after a global option
+    assert not prefetches(["evaluate", "--help"]) and not prefetches(["-v", "evaluate", "-h"])
+    assert not prefetches(["sweep"]) and not prefetches(["validate", "--worst", "3"]) and not prefetches([])
+
+
 def test_prefetch_without_a_folder_or_entries_does_nothing(tmp_path):
     compile_cache.prefetch(tmp_path / "none")  # no such folder
     (tmp_path / "empty" / "exe").mkdir(parents=True)
@@ -131,10 +140,15 @@ def test_off_is_plain_jit():
 EVAL = "evaluate --model llama3-8b --gpu h100-sxm-80gb --gpus 16 --global-batch 64 --pp 2 --json".split()
 
 
-def _cli(args, cache):
+def _cli(args, cache, stderr=None):
+    """``hetersim ARGS`` in a new process with the cache in ``cache``: its JSON output (and its
+    stderr appended to the list ``stderr`` when given)."""
     env = {**os.environ, "HETERSIM_CACHE_DIR": str(cache)}
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as in a user's shell (this process's `import jax` set it)
     proc = subprocess.run([sys.executable, "-m", "dse", *args], capture_output=True, text=True, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
+    if stderr is not None:
+        stderr.append(proc.stderr)
     return json.loads(proc.stdout)
 
 
@@ -148,8 +162,10 @@ def test_cli_keeps_its_programs_and_gives_the_same_numbers(tmp_path):
     # (pytree.as_arrays places a spec with one device_put, no per-leaf conversion program).
     assert (folder / "xla").is_dir() and not any((folder / "xla").iterdir())
     other = [*EVAL[:-1], "--tp", "4", "--seq-len", "2048", "--global-batch", "128", "--json"]
-    second = _cli(other, tmp_path)
+    stderr = []
+    second = _cli(other, tmp_path, stderr)  # its programs prefetched on a thread (dse/entry.py)
     assert len(list((folder / "exe").glob("simulate-*.pkl"))) == 1
+    assert stderr == [""]  # nothing of XLA's start-up logging leaks out with the prefetch
     assert second["plan"]["tp"] == 4 and first["plan"]["tp"] == 2
     from typer.testing import CliRunner
 
