@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dse.bench import bench_space
 from dse.cli import app
 from dse.sweep.evaluate import decode_chunk
-from hetersim import build, stacks
+from hetersim import build, planfields, stacks
 from hetersim.outputs import STEP_TERMS
 from hetersim.simulate import simulate
 from hetersim.specs import SystemSpec
@@ -50,16 +50,59 @@ def _scaled(systems: SystemSpec, rng) -> SystemSpec:
     return jax.tree_util.tree_map_with_path(scale, systems)
 
 
-@pytest.mark.slow
-def test_any_hardware_values_give_finite_nonnegative_results_and_mfu_at_most_one(cal):
-    space = bench_space(1_100_000, seed=3)
-    rng = np.random.default_rng(0)
+# Every mixture-of-experts architecture of the catalog: MLA (DeepSeek, Kimi), shared experts and
+# leading dense layers, interleaved MoE layers (Llama 4 Maverick), sliding windows and the extra
+# point-wise ops (GPT-OSS), top-2 over 8 experts (Mixtral, Grok-1).
+MOE_MODELS = (
+    "deepseek-v3",
+    "kimi-k2",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "gpt-oss-120b",
+    "mixtral-8x7b",
+    "llama4-maverick",
+    "grok-1",
+)
+# The expert-parallel axes drawn per layout row: EP over 1-64 ranks (one node or several), the
+# experts' own TP, both dispatchers and Megatron's all-to-all overlap.
+MOE_AXES = {
+    "ep": (1, 2, 4, 8, 16, 64),
+    "etp": (1, 2),
+    "dispatcher": ("alltoall", "deepep"),
+    "ep_overlap": (False, True),
+}
+
+
+def _moe_space(n_configs: int, seed: int):
+    """:func:`dse.bench.bench_space` over :data:`MOE_MODELS`, its layout rows also drawing the
+    :data:`MOE_AXES` (a row whose EP the layout cannot place is flagged, and checked all the same)."""
+    space = bench_space(n_configs, seed=seed, models=MOE_MODELS)
+    rng = np.random.default_rng(seed)
+    factors = []
+    for name, table in space.factors:
+        table = dict(table)
+        if name == "layout":
+            n = len(next(iter(table.values())))
+            for axis, values in MOE_AXES.items():
+                codes = np.array([planfields.encode(axis, v) for v in values])
+                table[axis] = codes[rng.integers(0, len(codes), n)]
+        elif name == "fixed":
+            table = {c: v for c, v in table.items() if c not in MOE_AXES}
+        factors.append((name, table))
+    return dataclasses.replace(space, factors=tuple(factors))
+
+
+def _check_any_hardware(space, cal, chunks: int, seed: int):
+    """Evaluate ``chunks`` chunks of ``space`` with every hardware figure redrawn
+    (:func:`_scaled`): every metric finite and non-negative, MFU at most 1 where feasible.
+    Returns (configurations seen, feasible ones, ones with expert-parallel traffic)."""
+    rng = np.random.default_rng(seed)
     chunk = 1 << 16
     tables = space.tables()
     decode = jax.jit(decode_chunk, static_argnames="chunk")  # the sweep's own decoding of flat indices
     run = jax.jit(jax.vmap(simulate, in_axes=(0, 0, 0, None)))
-    n_seen = n_feasible = 0
-    for start in range(0, 16 * chunk, chunk):
+    n_seen = n_feasible = n_ep = 0
+    for start in range(0, chunks * chunk, chunk):
         models, systems, plans = decode(start, tables, chunk=chunk)
         systems = _scaled(jax.tree.map(np.asarray, systems), rng)
         out = jax.tree.map(np.asarray, run(models, systems, plans, cal))
@@ -71,7 +114,24 @@ def test_any_hardware_values_give_finite_nonnegative_results_and_mfu_at_most_one
         assert np.all(out.mfu[ok] <= 1.0 + 1e-5), float(out.mfu[ok].max())
         n_seen += chunk
         n_feasible += int(ok.sum())
+        n_ep += int((out.ep_comm_s > 0).sum())
+    return n_seen, n_feasible, n_ep
+
+
+@pytest.mark.slow
+def test_any_hardware_values_give_finite_nonnegative_results_and_mfu_at_most_one(cal):
+    n_seen, n_feasible, _ = _check_any_hardware(bench_space(1_100_000, seed=3), cal, chunks=16, seed=0)
     assert n_seen >= 1_000_000 and n_feasible > 0
+
+
+@pytest.mark.slow
+def test_any_hardware_values_keep_the_moe_terms_finite_and_nonnegative(cal):
+    """The same check over the mixture-of-experts terms (expert GEMMs, routing, the dispatch and
+    combine, expert-DP reductions), which the dense space above never traces."""
+    space = _moe_space(4 << 16, seed=5)
+    chunks = -(-space.size // (1 << 16))  # the whole space: every model, every drawn EP row
+    n_seen, n_feasible, n_ep = _check_any_hardware(space, cal, chunks=chunks, seed=1)
+    assert n_seen >= 4 << 16 and n_feasible > 0 and n_ep > 0
 
 
 def test_fp32_training_is_priced_at_the_fp32_peak(catalog, cal):
