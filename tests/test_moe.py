@@ -18,7 +18,7 @@ from hetersim import build
 from hetersim.catalog.models import model_from_hf_config
 from hetersim.pytree import replace
 from hetersim.simulate import simulate
-from hetersim.terms import compute, flops, memory, moe
+from hetersim.terms import compute, flops, memory, moe, tiles
 from hetersim.types import Dispatcher
 
 from .conftest import make
@@ -473,8 +473,8 @@ def test_per_expert_launches_leave_sms_idle_and_one_grouped_kernel_does_not(cata
     count, kernels, concurrent = (float(x) for x in moe.expert_launches(model, plan))
     assert (count, kernels, concurrent) == (16.0, 16.0, 4.0)
     assert [float(x) for x in moe.expert_launches(model, fused)] == [16.0, 1.0, 16.0]
-    assert float(compute.wave_eff(dev, 512.0, 1536.0, 4.0)) == pytest.approx(96.0 / 132.0)
-    assert float(compute.wave_eff(dev, 512.0, 1536.0, 16.0)) == pytest.approx(384.0 / 396.0)
+    assert float(tiles.wave_eff(dev, 512.0, 1536.0, 4.0)) == pytest.approx(96.0 / 132.0)
+    assert float(tiles.wave_eff(dev, 512.0, 1536.0, 16.0)) == pytest.approx(384.0 / 396.0)
     for s in (1024, 4096, 32768):
         p = replace(plan, seq_len=plan.seq_len * 0 + s)
         f = replace(fused, seq_len=fused.seq_len * 0 + s)

@@ -23,6 +23,7 @@ from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
 from .flops import attention_keys, core_width, kv_width, n_mlp_matrices, q_width, window_keys
+from .tiles import tile_waves
 
 
 def low_precision(plan: Plan):
@@ -55,22 +56,6 @@ def gemm_rate(dev: DeviceSpec, cal: Calibration, plan: Plan):
     return dev.peak_tflops[idx] * dev.gemm_eff[idx] * cal.gemm_shape_eff * fp8 * TFLOP
 
 
-# cuBLAS's most efficient (and, for large training GEMMs, usual) output tile: NVIDIA, "Matrix
-# Multiplication Background User's Guide" (DU-09799-001, 2023) §2.3 "Typical tile dimensions in
-# cuBLAS" (256x128 and 128x256 are the most efficient) and §3.2 "Wave quantization".
-TILE_M, TILE_N = 128.0, 256.0
-
-
-def wave_eff(dev: DeviceSpec, M, N, batch=1.0):
-    """Share of the SMs busy over a GEMM's waves of output tiles (wave quantization): the
-    ``ceil(M/128) * ceil(N/256)`` tiles run ``sm_count`` at a time, and the last wave leaves SMs
-    idle."""
-    tiles = jnp.maximum(jnp.ceil(M * (1.0 / TILE_M)) * jnp.ceil(N * (1.0 / TILE_N)) * batch, 1.0)
-    inv_sms = 1.0 / jnp.maximum(dev.sm_count, 1.0)
-    waves = jnp.ceil(tiles * inv_sms)
-    return tiles * inv_sms / waves
-
-
 def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, kernels=None, concurrent=None):
     """Seconds of ``count`` GEMMs (M x K) @ (K x N) issued as ``kernels`` launches (default one
     per GEMM; a batched GEMM is one launch), ``concurrent`` of them sharing the SMs at a time
@@ -80,7 +65,8 @@ def gemm_s(dev: DeviceSpec, cal: Calibration, plan: Plan, M, N, K, count=1.0, ke
     nbytes = in_bytes * (M * K + K * N) + act_bytes(plan) * M * N
     kernels = count if kernels is None else kernels
     concurrent = count / kernels if concurrent is None else concurrent
-    t_flops = safe_div(flops, gemm_rate(dev, cal, plan) * wave_eff(dev, M, N, concurrent), 1e9)
+    busy, waves = tile_waves(dev, M, N, concurrent)
+    t_flops = safe_div(flops * waves, gemm_rate(dev, cal, plan) * busy, 1e9)
     t_mem = safe_div(nbytes, dev.hbm_bw_GBps * GB * cal.mem_bw_eff)
     return count * jnp.maximum(t_flops, t_mem) + kernels * cal.kernel_overhead_us * US
 

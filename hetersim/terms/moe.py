@@ -69,7 +69,7 @@ def expert_launches(m: ModelSpec, plan: Plan):
     kernel whose tiles of every expert share the SMs (``fused_experts``: Megatron-Bridge's
     cutedsl_fused_grouped_mlp), or Transformer Engine's default, a launch per expert with at
     most :data:`TE_STREAMS` of them sharing the SMs, so an expert with few output tiles leaves
-    SMs idle (wave quantization per launch: :func:`hetersim.terms.compute.wave_eff`)."""
+    SMs idle (wave quantization per launch: :func:`hetersim.terms.tiles.wave_eff`)."""
     n = local_experts(m, plan)
     fused = plan.fused_experts > 0
     return n, jnp.where(fused, 1.0, n), jnp.where(fused, n, jnp.minimum(n, TE_STREAMS))
