@@ -33,7 +33,7 @@ from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
 from .terms import goodput as goodput_terms
 from .terms._safe import pos, safe_div
-from .terms.dp import dp_collectives, zero3_regather
+from .terms.dp import dp_collectives, hidden_traffic_s, zero3_regather
 from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible, Recompute
 from .units import HOUR, KWH, TFLOP, GiB
@@ -318,6 +318,10 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     z3_wait = (2.0 + g) * ag_bw + pos(rs_bw - win_b)
     z3_mb = jnp.where(plan.zero3_prefetch > 0, z3_pre, z3_wait) + (2.0 + g) * ag_lat + rs_lat
     dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_mb, dp_z12], dp_z0)
+    z3_all = (2.0 + g) * (ag_bw + ag_lat) + rs_bw + rs_lat
+    z12_all = ag_bw + ag_lat + rs_bw + rs_lat
+    total = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_all, z12_all], ar_bw + ar_lat)
+    dp = dp + hidden_traffic_s(total, dp)
     dp = jnp.where((n_dp > 1) | (n_edp > 1), dp, 0.0)
     return dp + tied_embedding_sync_s(model, system, plan, vocab_mats)
 

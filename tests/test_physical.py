@@ -213,3 +213,27 @@ def test_one_pass_fused_loss_frees_exactly_the_fp32_copy(catalog, cal):
     t = {k: float(v.step_time_s) for k, v in runs.items()}
     assert t["fused"] == pytest.approx(t["chunked"], rel=1e-6) and t["fused"] < t["materialized"]
     assert stacks.profile("llm-foundry").loss == "fused"
+
+
+def test_hidden_data_parallel_traffic_costs_the_measured_share_of_its_time(catalog, cal, monkeypatch):
+    """Collectives running beside compute slow it by OVERLAP_SLOWDOWN of their time (Lee et al.
+    2025, arXiv 2507.03114: 18.9% on average): between charging nothing for the hidden traffic
+    and charging all of it, exactly that share; with no data parallelism, nothing."""
+    from hetersim.terms import dp
+
+    measured = dp.OVERLAP_SLOWDOWN
+    assert measured == 0.189  # the paper's average
+    m = build.model_spec(catalog.model("llama2-7b"))
+    s = build.system_spec(catalog.gpu("h100-sxm-80gb"), catalog.links)
+    for zero in (0, 1, 3):
+        plan = build.plan_spec(n_gpus=64, zero=zero, micro_batch=1, global_batch=512, seq_len=4096)
+        charged = {}
+        for share in (0.0, measured, 1.0):
+            monkeypatch.setattr(dp, "OVERLAP_SLOWDOWN", share)
+            charged[share] = float(simulate(m, s, plan, cal).dp_comm_s)  # traced anew: no jit cache
+        hidden = charged[1.0] - charged[0.0]
+        assert hidden > 0.0, zero  # some traffic hides behind the passes
+        assert charged[measured] - charged[0.0] == pytest.approx(measured * hidden, rel=1e-4), zero
+    alone = build.plan_spec(n_gpus=1, micro_batch=1, global_batch=8, seq_len=4096)
+    monkeypatch.setattr(dp, "OVERLAP_SLOWDOWN", measured)
+    assert float(simulate(m, s, alone, cal).dp_comm_s) == 0.0
