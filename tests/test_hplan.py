@@ -318,6 +318,10 @@ def test_shorthand_stage_across_two_kinds_and_per_stage_layers(catalog):
     res = run([*straddle, "--layers-per-stage", "12", "--layers-per-stage", "20"])
     assert res.exit_code == 0, res.stdout
     assert [r["layers"] for r in json.loads(res.stdout)["stages"] if r["gpu"] == A100] == [12]
+    commas = run([*straddle, "--layers-per-stage", "12,20"])  # one flag, a comma-separated list
+    assert commas.exit_code == 0, commas.stdout
+    assert json.loads(commas.stdout)["stages"] == json.loads(res.stdout)["stages"]
+    assert_user_error(run([*straddle, "--layers-per-stage", "12,x"]), "--layers-per-stage", "'x'")
     assert_user_error(run([*straddle, "--layers-per-stage", "12", "--layers-per-stage", "19"]), "layers", "32")
     tp_across = [*base, "--cluster", f"{A100}:2,{H100}:6", "--gpus", "8", "--tp", "4"]
     assert_user_error(run(tp_across), "replica", "span")

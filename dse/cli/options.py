@@ -121,6 +121,19 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+def layer_counts(values: list[str]) -> list[int]:
+    """``--layers-per-stage`` values: integers, each flag one or a comma-separated list (``12,20``)."""
+    out = []
+    for part in (p.strip() for v in values for p in str(v).split(",")):
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise typer.BadParameter(
+                f"{part!r} is not a whole number of layers; give 12,20 or the flag once per stage"
+            ) from None
+    return out
+
+
 def _plan_option(f: PlanField) -> tuple[Any, Any]:
     """The typer option of one plan field (flag, aliases, default, choices and help from the registry)."""
     text = f.help or f"{f.long_name[0].upper()}{f.long_name[1:]}."
@@ -207,11 +220,13 @@ HARDWARE_OPTIONS = {
     ),
     "hetero": (str, typer.Option("pipeline", "--hetero", help="How a mix splits the job: pipeline|data.")),
     "layers_per_stage": (
-        list[int],
+        list[str],
         typer.Option(
             [],
             "--layers-per-stage",
-            help="Fix the layers of each pipeline stage (one per stage or per --cluster group; default: balanced).",
+            help="Fix the layers of each pipeline stage (one per stage or per --cluster group; default: balanced): "
+            "12,20 or the flag once per stage.",
+            callback=layer_counts,
         ),
     ),
     "plan_file": (
