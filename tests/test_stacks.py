@@ -195,8 +195,9 @@ def test_async_tp_gives_torchtitans_measured_speedup(catalog, cal, model, gpus, 
 
 def test_fsdp_gathers_and_reduces_one_unit_at_a_time(catalog, cal):
     """FSDP (torchtitan's fully_shard per block, llm-foundry's MPT blocks, HF Accelerate's decoder
-    layers) issues one all-gather and one reduce-scatter per unit at ZeRO 2 and 3, whatever the
-    model's size; DeepSpeed and Megatron use their buckets (50M / 500M parameters at ZeRO-3); a
+    layers, Megatron-Core's Megatron-FSDP per TransformerLayer) issues one all-gather and one
+    reduce-scatter per unit at ZeRO 2 and 3, whatever the model's size; DeepSpeed uses its buckets
+    (50M / 500M parameters at ZeRO-3) and Megatron's distributed optimizer (ZeRO 1) DDP's; a
     given bucket_Mparams overrides both. Fewer, larger collectives pay less ring latency: at 512
     GPUs LLaMA-2-70B's exposed data-parallel time under FSDP is below DeepSpeed's in buckets."""
     from hetersim.terms.dp import dp_collectives
@@ -206,14 +207,15 @@ def test_fsdp_gathers_and_reduces_one_unit_at_a_time(catalog, cal):
         return make(catalog, "llama2-70b", **{**opts, **kw})
 
     p_local, units = 70e9, 81.0  # 80 blocks and the root module
-    for stack in ("torchtitan", "torchtitan-compile", "fsdp", "llm-foundry"):
+    for stack in ("torchtitan", "torchtitan-compile", "fsdp", "llm-foundry", "megatron"):
         for zero in (2, 3):
             n_ag, n_rs = dp_collectives(plan(stack, zero=zero)[2], p_local, 512.0, units)
             assert (float(n_ag), float(n_rs)) == (units, units), (stack, zero)
     n_ag, n_rs = dp_collectives(plan("deepspeed")[2], p_local, 512.0, units)
     assert (float(n_ag), float(n_rs)) == (1400.0, 140.0)
-    n_ag, _ = dp_collectives(plan("fsdp", zero=1)[2], p_local, 512.0, units)  # no sharding: DDP buckets
-    assert float(n_ag) == 137.0  # 70e9 / max(40M, 512 x 1M)
+    for stack in ("fsdp", "megatron"):  # ZeRO 1 shards no weights: DDP's buckets
+        n_ag, _ = dp_collectives(plan(stack, zero=1)[2], p_local, 512.0, units)
+        assert float(n_ag) == 137.0, stack  # 70e9 / max(40M, 512 x 1M)
     n_ag, _ = dp_collectives(plan("fsdp", bucket_Mparams=100.0)[2], p_local, 512.0, units)
     assert float(n_ag) == 700.0
     opts = dict(attention="flash2", grad_reduce="model", recompute="full")
