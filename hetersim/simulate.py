@@ -317,10 +317,11 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     z3_pre = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b)
     z3_wait = (2.0 + g) * ag_bw + pos(rs_bw - win_b)
     z3_mb = jnp.where(plan.zero3_prefetch > 0, z3_pre, z3_wait) + (2.0 + g) * ag_lat + rs_lat
-    dp = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_mb, dp_z12], dp_z0)
+    stage = [plan.zero >= 3, plan.zero >= 1]
+    dp = jnp.select(stage, [pipe.n_micro * z3_mb, dp_z12], dp_z0)
+    # Every collective's time, hidden or not: what the passes hide still slows them.
     z3_all = (2.0 + g) * (ag_bw + ag_lat) + rs_bw + rs_lat
-    z12_all = ag_bw + ag_lat + rs_bw + rs_lat
-    total = jnp.select([plan.zero >= 3, plan.zero >= 1], [pipe.n_micro * z3_all, z12_all], ar_bw + ar_lat)
+    total = jnp.select(stage, [pipe.n_micro * z3_all, ag_bw + ag_lat + rs_bw + rs_lat], ar_bw + ar_lat)
     dp = dp + hidden_traffic_s(total, dp)
     dp = jnp.where((n_dp > 1) | (n_edp > 1), dp, 0.0)
     return dp + tied_embedding_sync_s(model, system, plan, vocab_mats)
