@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dse.sweep import hoist as hoist_layers
 from dse.sweep.evaluate import (
     chunk_groups,
     chunk_outputs,
@@ -110,8 +111,11 @@ def run_bench(
     one_at_a_time: int = ONE_AT_A_TIME,
     split: bool = False,
     models: tuple[str, ...] = BENCH_MODELS,
+    hoist: bool = True,
 ) -> dict:
-    """Time ``n_configs`` configurations in chunks of ``chunk`` and ``one_at_a_time`` unbatched.
+    """Time ``n_configs`` configurations in chunks of ``chunk`` and ``one_at_a_time`` unbatched;
+    ``hoist`` False: the layer costs once per configuration (:mod:`dse.sweep.hoist` off, in this
+    process), for the figure of a space whose innermost factors they all read.
 
     ``compile_s`` is trace + compile of the chunk function (never read from the compilation
     cache); ``first_chunk_s`` one untimed call after it (the tables placed on the device);
@@ -130,8 +134,13 @@ def run_bench(
     kinds = space.kinds
 
     t0 = time.perf_counter()
-    with compile_cache.bypass():
-        compiled = evaluate_chunk.lower(np.int32(0), tables, cal, chunk=chunk, kinds=kinds).compile()
+    was, hoist_layers.ENABLED = hoist_layers.ENABLED, hoist
+    hoist_layers.forget()
+    try:
+        with compile_cache.bypass():
+            compiled = evaluate_chunk.lower(np.int32(0), tables, cal, chunk=chunk, kinds=kinds).compile()
+    finally:
+        hoist_layers.ENABLED = was
     compile_s = time.perf_counter() - t0
 
     # One untimed call first: it places the tables on the device and touches the output buffers,
@@ -165,6 +174,7 @@ def run_bench(
         "models": list(models),
         "one_at_a_time_configs_per_s": one_at_a_time_rate(space, cal, min(one_at_a_time, space.size)),
         **hlo_profile(compiled, compiled.block),
+        "layer_costs_window": hoist_layers.last_window() or None,
     }
     if split:
         result["split_s"] = time_split(tables, cal, chunk, kinds)
@@ -261,7 +271,11 @@ def time_split(tables: Any, cal: Any, chunk: int, kinds: tuple, reps: int = 3) -
 
 
 def run_chunks(
-    n_configs: int, chunks: list[int], one_at_a_time: int = ONE_AT_A_TIME, models: tuple[str, ...] = BENCH_MODELS
+    n_configs: int,
+    chunks: list[int],
+    one_at_a_time: int = ONE_AT_A_TIME,
+    models: tuple[str, ...] = BENCH_MODELS,
+    hoist: bool = True,
 ) -> list[dict]:
     """:func:`run_bench` once per chunk size, each in a new process (``hetersim bench --json``),
     so each row's peak RSS is its own; the first row also times one configuration at a time."""
@@ -270,6 +284,7 @@ def run_chunks(
         cmd = [sys.executable, "-m", "dse", "-q", "bench", "--json", "--configs", str(n_configs)]
         cmd += ["--models", ",".join(models)]
         cmd += ["--chunk", str(chunk), "--one-at-a-time", str(one_at_a_time if i == 0 else 0)]
+        cmd += [] if hoist else ["--no-hoist"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"bench --chunk {chunk} failed: {proc.stderr.strip()}")

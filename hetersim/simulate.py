@@ -228,8 +228,15 @@ def _layout_busiest(model: ModelSpec, plan: Plan, lc: LayerCosts, layers, p2p, h
     return {k: jnp.where((plan.pp_layout > 0) & (plan.pp > 1), laid[k], t[k]) for k in t}
 
 
-def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> PipelineStep:
-    lc = layer_costs(model, system, plan, cal)
+def plan_layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> LayerCosts:
+    """The layer costs :func:`simulate` prices ``plan`` with (its kernels resolved first), for a
+    caller that computes them apart and passes them in (``simulate(..., lc=...)``)."""
+    return layer_costs(model, system, compute.resolve_kernels(system.device, plan), cal)
+
+
+def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, lc=None) -> PipelineStep:
+    """Stage 1; ``lc``: the plan's :class:`LayerCosts` where the caller has them."""
+    lc = layer_costs(model, system, plan, cal) if lc is None else lc
     layers = memory.busiest_stage_layers(model, plan)
     n_moe = memory.moe_stage_layers(model, layers)
     # Each multi-token-prediction module ends in one more LM head and loss (on the last stage).
@@ -531,10 +538,12 @@ def breakdown(terms, rates: Throughput, mem: Placement, oc, gp, *, hbm_capacity_
     )
 
 
-def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration) -> Breakdown:
+def simulate(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration, lc=None) -> Breakdown:
+    """One configuration's :class:`Breakdown`; ``lc``: its :func:`plan_layer_costs`, where the
+    caller computed them (a sweep, once per distinct set of the fields they read)."""
     dev = system.device
     plan = compute.resolve_kernels(dev, plan)
-    pipe = pipeline_step(model, system, plan, cal)
+    pipe = pipeline_step(model, system, plan, cal, lc)
     dp = dp_comm_s(model, system, plan, cal, pipe)
     states = memory.state_bytes(model, plan)
     oc = optimizer_offload(model, system, plan, cal, pipe, states)

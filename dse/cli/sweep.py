@@ -156,6 +156,7 @@ def bench_command(
     split: bool = False,
     one_at_a_time: int = 300,
     models: tuple[str, ...] | None = None,
+    hoist: bool = True,
 ) -> dict[str, Any]:
     """Measure the sweep engine (configurations per second, compile time, peak memory, XLA's
     FLOPs and bytes per configuration); the figures as JSON on stdout (``as_json``) and/or in the
@@ -165,9 +166,9 @@ def bench_command(
     models = BENCH_MODELS if models is None else models
     if chunks:
         result: dict[str, Any] = {"device": device_name(), "n_configs": configs, "models": list(models)}
-        result["chunks"] = run_chunks(configs, chunks, one_at_a_time, models)
+        result["chunks"] = run_chunks(configs, chunks, one_at_a_time, models, hoist=hoist)
     else:
-        result = run_bench(configs, chunk, one_at_a_time=one_at_a_time, split=split, models=models)
+        result = run_bench(configs, chunk, one_at_a_time=one_at_a_time, split=split, models=models, hoist=hoist)
     if json_path is not None:
         fmt.write_json_atomic(json_path, result)
     if as_json:
@@ -202,9 +203,18 @@ def _print_bench_table(con, result: Mapping[str, Any]) -> None:
     table.add_row("HLO FLOPs / config", _rate(result["hlo_flops_per_config"]))
     table.add_row("HLO bytes accessed / config", _rate(result["hlo_bytes_per_config"]))
     table.add_row("HLO ops (ENTRY)", f"{result['hlo_ops']:,} ({result['hlo_entry_ops']:,})")
+    table.add_row("layer costs per chunk", _window(result.get("layer_costs_window")))
     for stage, seconds in result.get("split_s", {}).items():
         table.add_row(f"{stage} ms / chunk (compiled apart)", f"{seconds * 1e3:,.2f}")
     con.print(table)
+
+
+def _window(w: Mapping[str, Any] | None) -> str:
+    """How many rows of layer costs a chunk computes (dse.sweep.hoist)."""
+    if not w:
+        return "one per configuration"
+    rows = w["window"] if w["hoisted"] else w["chunk"]
+    return f"{rows:,} of {w['chunk']:,}" + (" (hoisted)" if w["hoisted"] else " (not hoisted)")
 
 
 def _print_chunk_table(con, result: Mapping[str, Any]) -> None:
@@ -271,6 +281,11 @@ def bench_cmd(
         help="Comma-separated catalog models of the space [default: llama2-70b,llama3-405b]; "
         "a mixture-of-experts one (deepseek-v3) adds the MoE terms.",
     ),
+    no_hoist: bool = typer.Option(
+        False,
+        "--no-hoist",
+        help="Compute the layer costs once per configuration, not once per distinct set of the axes they read.",
+    ),
     json_path: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ) -> None:
@@ -287,5 +302,13 @@ def bench_cmd(
     if json_path is not None:
         atomic.check_target(json_path, "--out")
     bench_command(
-        configs, chunk, json_path, as_json, chunks=sizes, split=split, one_at_a_time=one_at_a_time, models=names
+        configs,
+        chunk,
+        json_path,
+        as_json,
+        chunks=sizes,
+        split=split,
+        one_at_a_time=one_at_a_time,
+        models=names,
+        hoist=not no_hoist,
     )

@@ -28,11 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dse.metrics import DERIVED, INTERVALS, METRICS
+from dse.sweep import hoist as hoisting
+from dse.sweep.hoist import hoisted_layer_costs
 from dse.sweep.space import CODE_COLUMNS, columns_plan, digits
 from hetersim import planfields
 from hetersim.cluster import ClusterSpec, simulate_cluster
 from hetersim.fit import intervals
-from hetersim.simulate import simulate
+from hetersim.simulate import plan_layer_costs, simulate
 from hetersim.specs import Calibration
 
 # A layout's class: the lowest is the best; see dse.inner for how a point picks its layout.
@@ -46,14 +48,19 @@ def trace_count() -> int:
     return _TRACES
 
 
-def simulate_batch(model: Any, system: Any, plan: Any, cal: Calibration, *, shared_hardware: bool = False) -> Any:
+def simulate_batch(
+    model: Any, system: Any, plan: Any, cal: Calibration, *, shared_hardware: bool = False, lc: Any = None
+) -> Any:
     """The cost model's outputs for a batch of plans. ``model`` and ``system`` are batched along
     with ``plan`` or, with ``shared_hardware``, one for the whole batch. A :class:`ClusterSpec`
     system (a study of mixes; static, the study's structure) is simulated as a cluster and its
-    ``total`` returned."""
+    ``total`` returned. ``lc``: the plans' layer costs where the caller computed them (batched;
+    :mod:`dse.sweep.hoist`)."""
     in_axes = (None, None, 0, None) if shared_hardware else (0, 0, 0, None)
     if isinstance(system, ClusterSpec):
         return jax.vmap(simulate_cluster, in_axes=in_axes)(model, system, plan, cal).total
+    if lc is not None:
+        return jax.vmap(simulate, in_axes=(*in_axes, 0))(model, system, plan, cal, lc)
     return jax.vmap(simulate, in_axes=in_axes)(model, system, plan, cal)
 
 
@@ -315,7 +322,7 @@ class _ChunkFunction:
 
     @functools.cached_property
     def grouped(self) -> Any:
-        return jit(_evaluate_group, static_argnames=("chunk", "kinds", "shared"))
+        return jit(_evaluate_group, static_argnames=("chunk", "kinds", "shared", "hoist"))
 
     def __call__(self, start, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple) -> Any:
         key = (id(tables), chunk, kinds)
@@ -340,6 +347,8 @@ class _ChunkFunction:
         inner = hardware_groups(tables, block)
         jitted = self.jitted if inner is None else self.grouped
         static = {"chunk": block, "kinds": kinds, "shared": shared}
+        if inner is not None:
+            static["hoist"] = hoisting.ENABLED
         if lower is None:
             return _Staged(functools.partial(jitted, **static), shared, chunk, block, inner)
         start, cal = lower
@@ -436,17 +445,36 @@ def _evaluate_chunk(
 
 
 def _evaluate_group(
-    start, hardware, tables: Mapping[str, Any], cal: Calibration, *, chunk: int, kinds: tuple, shared: Shared
+    start,
+    hardware,
+    tables: Mapping[str, Any],
+    cal: Calibration,
+    *,
+    chunk: int,
+    kinds: tuple,
+    shared: Shared,
+    hoist: bool = True,
 ) -> dict[str, Any]:
     """:func:`_evaluate_chunk` with every configuration on the model and GPU of ``hardware``
-    (their codes, int32 [2]), unbatched: what depends on them alone is computed once."""
+    (their codes, int32 [2]), unbatched: what depends on them alone is computed once, and with
+    ``hoist`` the layer costs once per distinct set of the axes they read (:mod:`dse.sweep.hoist`)."""
     global _TRACES
     _TRACES += 1
     tables = shared.merge(tables)
     col = decode_columns(start, tables, chunk=chunk)
     model, system = pick(tables["models"], hardware[0]), pick(tables["systems"], hardware[1])
     plan = decoded_plan(col, tables["fixed"])
-    out = simulate_batch(model, system, plan, cal, shared_hardware=True)
+
+    def layer_costs_of(c: Mapping[str, Any]) -> Any:
+        batch = jax.vmap(plan_layer_costs, in_axes=(None, None, 0, None))
+        return batch(model, system, decoded_plan(c, tables["fixed"]), cal)
+
+    in_group = (col["model"] == hardware[0]) & (col["gpu"] == hardware[1])
+    lc = None
+    if hoist and not isinstance(system, ClusterSpec):  # a mix prices its layers per kind (hetersim.cluster)
+        lead = _hardware_lead(tables["factors"])
+        lc = hoisted_layer_costs(start, col, tables, layer_costs_of, in_group, chunk=chunk, lead=lead)
+    out = simulate_batch(model, system, plan, cal, shared_hardware=True, lc=lc)
     return chunk_outputs(out, model, plan, jnp.broadcast_to(hardware[1], (chunk,)), tables, kinds)
 
 
