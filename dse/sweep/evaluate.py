@@ -12,8 +12,9 @@ A sweep chunk is evaluated by :func:`evaluate_chunk`: one ``jax.jit`` of (decode
 simulate, check), compiled once per study shape and reused for every chunk, locally or on Dask
 workers (:func:`chunk_task`), with :func:`compiler_options`. What the study shares and that
 chooses is compiled in (:class:`Shared`); a chunk of one or two (model, GPU) groups runs a group
-at a time with them unbatched (:func:`hardware_groups`); a chunk longer than :data:`BLOCK` runs
-as blocks of it; the tables are placed on the device once per tables object.
+at a time with them unbatched (:func:`hardware_groups`), its layer costs once per distinct set of
+the axes they read (:mod:`dse.sweep.hoist`); a chunk longer than :data:`BLOCK` runs as blocks of
+it; the tables are placed on the device once per tables object.
 """
 
 from __future__ import annotations
