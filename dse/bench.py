@@ -175,6 +175,7 @@ def run_bench(
         "one_at_a_time_configs_per_s": one_at_a_time_rate(space, cal, min(one_at_a_time, space.size)),
         **hlo_profile(compiled, compiled.block),
         "layer_costs_window": hoist_layers.last_window() or None,
+        "moe_terms": tables["models"].extra is not None,  # compiled in (a static branch)
     }
     if split:
         result["split_s"] = time_split(tables, cal, chunk, kinds)

@@ -65,6 +65,13 @@ def test_used_columns_are_those_the_outputs_reach():
     assert hoist.used_columns(fn, col) == {"a", "b"}
     assert hoist.used_columns(lambda c: c["c"].sum(), col) == {"c"}
 
+    # Inside a trace, closing over its tracers (as the chunk function does).
+    @jax.jit
+    def outer(scale):
+        return hoist.used_columns(lambda c: c["b"] * scale, col) == {"b"}
+
+    assert outer(jnp.float32(2.0))
+
 
 def test_the_bench_space_hoists_and_gives_the_unhoisted_numbers(cal, monkeypatch):
     """ZeRO is a factor of the bench space that the layer costs do not read: a chunk evaluates

@@ -514,6 +514,7 @@ def test_run_bench_reports_its_figures():
     moe = run_bench(n_configs=3000, chunk=1024, one_at_a_time=0, models=("llama2-70b", "mixtral-8x7b"))
     assert moe["models"] == ["llama2-70b", "mixtral-8x7b"] and moe["configs_per_s"] > 0
     assert moe["hlo_flops_per_config"] > 1.3 * result["hlo_flops_per_config"]
+    assert moe["moe_terms"] and not result["moe_terms"]
 
 
 def test_a_long_chunk_runs_as_blocks_with_the_numbers_of_one_program(cal, monkeypatch):

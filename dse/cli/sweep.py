@@ -194,6 +194,8 @@ def _print_bench_table(con, result: Mapping[str, Any]) -> None:
     table.add_column("value", justify="right")
     table.add_row("device", result["device"])
     table.add_row("models", ", ".join(result["models"]))
+    terms = "compiled in" if result.get("moe_terms") else "left out (dense)"
+    table.add_row("MoE, MLA, windowed-attention terms", terms)
     table.add_row("configurations", f"{result['n_configs']:,}")
     table.add_row("chunk", f"{result['chunk']:,}")
     table.add_row("compile s", f"{result['compile_s']:.2f}")

@@ -40,6 +40,13 @@ ENABLED = True
 _LAST: dict[str, Any] = {}
 
 
+def _barrier(x: Any) -> Any:
+    """``jax.lax.optimization_barrier`` (public since JAX 0.4.3x; before it, nothing: the same
+    numbers, only slower)."""
+    barrier = getattr(jax.lax, "optimization_barrier", None)
+    return x if barrier is None else barrier(x)
+
+
 def last_window() -> dict[str, Any]:
     """The window and chunk of the chunk function traced last (``hoisted``: whether it hoists),
     for the bench's report; empty before any, or after :func:`forget`."""
@@ -61,7 +68,9 @@ def used_columns(fn: Callable[[dict[str, Any]], Any], col: Mapping[str, Any]) ->
     for eqn in reversed(jaxpr.eqns):
         if any(v in needed for v in eqn.outvars):
             needed.update(v for v in eqn.invars if isinstance(v, jcore.Var))
-    return frozenset(k for k, v in zip(keys, jaxpr.invars, strict=True) if v in needed)
+    # JAX before 0.5 makes the tracers ``fn`` closes over the jaxpr's first inputs; ``col``'s are last.
+    inputs = jaxpr.invars[len(jaxpr.invars) - len(keys) :]
+    return frozenset(k for k, v in zip(keys, inputs, strict=True) if v in needed)
 
 
 def window(radices: Sequence[int], read: Sequence[bool], chunk: int, lead: int = 0) -> int:
@@ -117,9 +126,9 @@ def hoisted_layer_costs(
         d = next(row_digits) if used_ else None
         for c, v in t.items():
             window_col[c] = v[d] if used_ and r > 1 else jnp.broadcast_to(v[0], (span, *jnp.shape(v)[1:]))
-    lc = jax.lax.optimization_barrier(lc_of(window_col))
+    lc = _barrier(lc_of(window_col))
     at = jnp.clip(reduced - first, 0, span - 1)
     leaves, tree = jax.tree.flatten(lc)
     rows_of = jnp.stack([jnp.broadcast_to(a, (span,)) for a in leaves], axis=1)[at]
-    rows_of = jax.lax.optimization_barrier(rows_of)
+    rows_of = _barrier(rows_of)
     return jax.tree.unflatten(tree, [rows_of[:, i] for i in range(len(leaves))])
