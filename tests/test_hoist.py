@@ -89,7 +89,7 @@ def test_the_bench_space_hoists_and_gives_the_unhoisted_numbers(cal, monkeypatch
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(sweep_evaluate, "hoisted_layer_costs", spy)
+    monkeypatch.setattr(hoist, "hoisted_layer_costs", spy)
     starts = (0, space.size // 4 - chunk // 3, (space.size // chunk) * chunk)
     hoisted = [sweep.evaluate_chunk(np.int32(s), tables, cal, chunk=chunk, kinds=space.kinds) for s in starts]
     assert calls and all(calls)

@@ -30,8 +30,7 @@ import numpy as np
 
 from dse.metrics import DERIVED, INTERVALS, METRICS
 from dse.sweep import hoist as hoisting
-from dse.sweep.hoist import hoisted_layer_costs
-from dse.sweep.space import CODE_COLUMNS, columns_plan, digits
+from dse.sweep.space import CODE_COLUMNS, chunk_indices, columns_plan, digits
 from hetersim import planfields
 from hetersim.cluster import ClusterSpec, simulate_cluster
 from hetersim.fit import intervals
@@ -121,7 +120,7 @@ def decode_columns(start, tables: Mapping[str, Any], *, chunk: int) -> dict[str,
     factor of one row is that row broadcast (a constant where :class:`Shared` put it back)."""
     factors = tables["factors"]
     radices = factor_radices(factors)
-    idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
+    idx = chunk_indices(start, radices, chunk)
     return {
         c: jnp.broadcast_to(t[c][0], (chunk,)) if r == 1 else t[c][d]
         for t, r, d in zip(factors, radices, digits(idx, radices), strict=True)
@@ -470,11 +469,20 @@ def _evaluate_group(
         batch = jax.vmap(plan_layer_costs, in_axes=(None, None, 0, None))
         return batch(model, system, decoded_plan(c, tables["fixed"]), cal)
 
-    in_group = (col["model"] == hardware[0]) & (col["gpu"] == hardware[1])
     lc = None
     if hoist and not isinstance(system, ClusterSpec):  # a mix prices its layers per kind (hetersim.cluster)
-        lead = _hardware_lead(tables["factors"])
-        lc = hoisted_layer_costs(start, col, tables, layer_costs_of, in_group, chunk=chunk, lead=lead)
+        factors = tables["factors"]
+        in_group = (col["model"] == hardware[0]) & (col["gpu"] == hardware[1])
+        lc = hoisting.hoisted_layer_costs(
+            start,
+            col,
+            factors,
+            factor_radices(factors),
+            layer_costs_of,
+            in_group,
+            chunk=chunk,
+            lead=_hardware_lead(factors),
+        )
     out = simulate_batch(model, system, plan, cal, shared_hardware=True, lc=lc)
     return chunk_outputs(out, model, plan, jnp.broadcast_to(hardware[1], (chunk,)), tables, kinds)
 

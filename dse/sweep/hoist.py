@@ -28,10 +28,11 @@ import jax
 import jax.extend.core as jcore
 import jax.numpy as jnp
 
-from dse.sweep.space import digits
+from dse.sweep.space import chunk_indices, digits
 
-# Hoist only where the window is at most this share of the chunk: the gather of the rows back
-# costs about what a sixth of the layer costs does.
+# Hoist only where the window is at most this share of the chunk. A choice, not a measured
+# break-even: the bench's window is a quarter of the chunk (1.4-1.8x faster, README "Speed"); where
+# the window nears the chunk the stacked gather would be paid for almost nothing.
 MAX_SHARE = 0.6
 # Whether chunk functions staged from now on hoist (a static argument of the compiled chunk, so a
 # program of the other setting is never reused): ``hetersim bench --no-hoist`` turns it off.
@@ -91,7 +92,8 @@ def window(radices: Sequence[int], read: Sequence[bool], chunk: int, lead: int =
 def hoisted_layer_costs(
     start,
     col: Mapping[str, Any],
-    tables: Mapping[str, Any],
+    factors: Sequence[Mapping[str, Any]],
+    radices: Sequence[int],
     lc_of: Callable[[dict[str, Any]], Any],
     in_group,
     *,
@@ -100,19 +102,18 @@ def hoisted_layer_costs(
 ) -> Any | None:
     """Each configuration's layer costs, computed over the chunk's window of reduced indices and
     gathered back; None where hoisting does not pay (:data:`MAX_SHARE`). ``col``: the chunk's
-    decoded columns (:func:`dse.sweep.evaluate.decode_columns`); ``lc_of``: batched columns to
+    decoded columns (:func:`dse.sweep.evaluate.decode_columns`) of the tables' ``factors``, whose
+    rows are ``radices`` (:func:`dse.sweep.evaluate.factor_radices`); ``lc_of``: batched columns to
     layer costs; ``in_group``: bool per configuration, those of the (model, GPU) group evaluated
     (the others' rows are discarded by the caller and may be anything), whose hardware is the
     first ``lead`` factors."""
-    factors = tables["factors"]
-    radices = [next(iter(t.values())).shape[0] for t in factors]
     used = used_columns(lc_of, col)
     read = [any(c in used for c in t) for t in factors]
     span = window(radices, read, chunk, lead)
     _LAST.update(window=span, chunk=chunk, hoisted=span <= MAX_SHARE * chunk)  # at trace time
     if not _LAST["hoisted"]:
         return None
-    idx = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
+    idx = chunk_indices(start, radices, chunk)
     read_radices = [r for r, used_ in zip(radices, read, strict=True) if used_]
     reduced = jnp.zeros(chunk, jnp.int32)
     for d, r, used_ in zip(digits(idx, radices), radices, read, strict=True):

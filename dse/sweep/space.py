@@ -202,6 +202,12 @@ def columns_plan(col: Mapping[str, Any], fixed: Mapping[str, Any], *, n_gpus, dp
     return Plan(**leaves)
 
 
+def chunk_indices(start, radices: Sequence[int], chunk: int) -> Any:
+    """Flat indices ``start .. start+chunk-1`` of a space of mixed radix ``radices``; those past its
+    end repeat the last configuration (the caller trims them)."""
+    return jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), math.prod(radices) - 1)
+
+
 def digits(idx, radices: Sequence[int]) -> list[Any]:
     """Mixed-radix digits of ``idx`` (NumPy or JAX integers), most significant first."""
     out = []
