@@ -182,25 +182,45 @@ def _key(name: str, leaves: list[Any], treedef: Any) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-# One configuration runs in about 2 ms, so its program is compiled for compile time: XLA's CPU
-# backend at LLVM optimisation level 0 instead of its default 3, from the same HLO (the same
-# numbers: tests/test_compile_cache.py). Level 1 compiled the one-configuration simulate program in
-# about 2.5 s instead of 3.0 s on 2 cores; level 0 takes about 0.45 s less again (a first
-# ``api.configure`` 3.9-4.3 s against 4.4-4.7 s, 2026-12-04, the AMD EPYC), and a call of the
-# compiled program stays within the ~7.5 ms that building a configuration's specs in Python takes
-# (7.5 against 7.2-8.6 ms per ``api.configure`` over 50 calls). Sweeps compile their batched
-# engine apart, at the default level.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# One configuration runs in about 2 ms, so its program is compiled for compile time, from the same
+# HLO (the same numbers: tests/test_compile_cache.py). Sweeps compile their batched engine apart,
+# at the defaults.
+# * XLA's CPU backend at LLVM optimisation level 0 instead of its default 3: level 1 compiled the
+#   one-configuration simulate program in about 2.5 s instead of 3.0 s on 2 cores, level 0 about
+#   0.45 s less again (2026-12-04, the AMD EPYC), and a call of the compiled program stays within
+#   the ~7.5 ms that building a configuration's specs in Python takes.
+# * ``xla_cpu_use_fusion_emitters`` off: XLA's CPU backend then emits its fused loops with the
+#   older elemental IR emitter instead of lowering each fusion through MLIR (the flag's help in
+#   xla/debug_options_flags.cc: "Use fusion emitters for code generation in the XLA:CPU
+#   backend"). The model's program is thousands of scalar fusions, and for them the MLIR
+#   pipeline's fixed cost per fusion dominates: the simulate program compiled in 2.1 s instead of
+#   3.8 s (2026-12-05, the same machine, one process each, the README's example), the same step
+#   time to the last digit. A JAX whose XLA lacks the option (jax 0.4.27, the floor, predates the
+#   fusion emitters) compiles with the options it has (:func:`compile_fast`).
+# * ``xla_llvm_disable_expensive_passes``: LLVM's costlier passes skipped (another 0.1-0.2 s).
+FAST_COMPILE = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_llvm_disable_expensive_passes": True,
+}
+# Options every supported XLA knows, the fallback when one of FAST_COMPILE is unknown.
+BASE_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 def compile_fast(jitted: Any, args: tuple[Any, ...]) -> Any:
-    """``jitted`` lowered for ``args`` and compiled with :data:`FAST_COMPILE` on the CPU backend."""
+    """``jitted`` lowered for ``args`` and compiled with :data:`FAST_COMPILE` on the CPU backend
+    (with :data:`BASE_COMPILE` where this XLA does not know one of its options)."""
     import jax
 
     lowered = jitted.lower(*args)
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() != "cpu":
+        return lowered.compile()
+    try:
         return lowered.compile(compiler_options=FAST_COMPILE)
-    return lowered.compile()
+    except Exception as error:  # noqa: BLE001 - XLA raises its own status error type
+        if not any(name in str(error) for name in FAST_COMPILE.keys() - BASE_COMPILE.keys()):
+            raise  # not an unknown option: a real failure
+        return lowered.compile(compiler_options=BASE_COMPILE)
 
 
 class CachedJit:

@@ -227,3 +227,14 @@ def test_the_fast_compiled_model_gives_the_same_numbers_as_plain_jit(catalog, ca
         plain = jitted(*args)
         for got, want in zip(jax.tree.leaves(fast), jax.tree.leaves(plain), strict=True):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=0.0)
+
+
+def test_an_xla_without_one_of_the_fast_options_compiles_with_the_base_ones(monkeypatch):
+    """An option this XLA does not know (the floor's XLA predates the CPU fusion emitters) falls
+    back to BASE_COMPILE instead of failing: the program still compiles and gives the same value."""
+    unknown = "xla_hetersim_no_such_option"
+    monkeypatch.setattr(compile_cache, "FAST_COMPILE", {**compile_cache.FAST_COMPILE, unknown: True})
+    jitted = jax.jit(lambda x: jnp.sin(x) * 2.0)
+    with pytest.raises(Exception, match=unknown):  # XLA itself refuses it
+        jitted.lower(1.0).compile(compiler_options={unknown: True})
+    assert float(compile_cache.compile_fast(jitted, (1.0,))(1.0)) == pytest.approx(2.0 * np.sin(1.0), rel=1e-6)
