@@ -341,3 +341,22 @@ def test_an_mpt_config_reads_with_mosaicmls_keys(tmp_path, reader, request):
     assert entry["tied_embeddings"] is True
     # 32 x (4 x 4096^2 attention + 2 x 4096 x 16384 MLP + 2 norms) + 50,432 x 4096 + the final norm.
     assert params(entry) == 32 * (4 * 4096**2 + 2 * 4096 * 16384 + 2 * 4096) + 50432 * 4096 + 4096
+
+
+def test_experts_in_a_nested_table_and_layers_that_are_not_attention_are_refused(tmp_path):
+    """DBRX keeps its experts in ``ffn_config`` (moe_num_experts): refused naming that key, never
+    read as a dense model (it has no intermediate_size). A layer_types list with recurrent layers
+    (Mamba / linear attention) is refused, while attention kinds pass."""
+    dbrx = {
+        "architectures": ["DbrxForCausalLM"], "model_type": "dbrx", "d_model": 6144, "n_heads": 48,
+        "n_layers": 40, "max_seq_len": 32768, "vocab_size": 100352, "attn_config": {"kv_n_heads": 8},
+        "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4},
+    }  # fmt: skip
+    path = write(tmp_path / "dbrx", dbrx)
+    with pytest.raises(ValueError, match=r"ffn_config\.moe_num_experts = 16: mixture-of-experts model_type 'dbrx'"):
+        model_from_hf_config(path)
+    hybrid = {**LLAMA31_8B, "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    with pytest.raises(ValueError, match=r"layer_types has 'linear_attention': only attention layers are modelled"):
+        model_from_hf_config(write(tmp_path / "hybrid", hybrid))
+    sliding = {**LLAMA31_8B, "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}
+    assert model_from_hf_config(write(tmp_path / "sliding", sliding))["layers"] == 2

@@ -370,14 +370,47 @@ def _yarn_mscale(factor: float, m: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
 
+# Expert counts a config may keep in a nested table (DBRX: ``ffn_config.moe_num_experts``,
+# transformers' DbrxFFNConfig), beside the top-level _MOE_KEYS.
+_NESTED_MOE_KEYS = (*_MOE_KEYS, "moe_num_experts")
+# ``layer_types`` entries of the layers this model prices: full and sliding-window attention, the
+# chunked local attention of Llama 4 (priced as full attention: the same up to its chunk of 8,192
+# tokens) and the legacy name "attention". transformers (5.25, configuration_utils.py
+# ``ALLOWED_ATTN_LAYER_TYPES``) also names recurrent layers ("linear_attention": Mamba, Gated
+# DeltaNet, Qwen3-Next), hybrid, indexed-sparse and convolution layers, and the legacy "mamba":
+# layers the model has no cost for, so a config with any of them is refused.
+_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
+
+
 def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
+    """Refuse, in one line naming the key, a config whose layers the model would misprice: experts
+    of a model type it does not read (top-level or nested), layers that are not attention, an
+    encoder-decoder. Never read as a dense decoder."""
     model_type = str(config.get("model_type", ""))
+    known = ", ".join(sorted(_MOE_TYPES))
     for key in _MOE_KEYS:
         if _is_number(config.get(key)) and config[key] > 1 and model_type not in _MOE_TYPES:
-            known = ", ".join(sorted(_MOE_TYPES))
             raise _fail(
                 origin,
                 f"{key} = {config[key]}: mixture-of-experts model_type {model_type!r} is not read (known: {known})",
+            )
+    for table, value in config.items():
+        if not isinstance(value, dict) or table == "text_config":
+            continue
+        for key in _NESTED_MOE_KEYS:
+            if _is_number(value.get(key)) and value[key] > 1 and model_type not in _MOE_TYPES:
+                raise _fail(
+                    origin,
+                    f"{table}.{key} = {value[key]}: mixture-of-experts model_type {model_type!r} is not read "
+                    f"(known: {known})",
+                )
+    types = config.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({str(t) for t in types if str(t) not in _ATTENTION_LAYER_TYPES})
+        if other:
+            allowed = ", ".join(sorted(_ATTENTION_LAYER_TYPES))
+            raise _fail(
+                origin, f"layer_types has {', '.join(map(repr, other))}: only attention layers are modelled ({allowed})"
             )
     if config.get("is_encoder_decoder"):
         raise _fail(origin, "is_encoder_decoder: only decoder-only transformers are modelled")
