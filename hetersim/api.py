@@ -428,7 +428,19 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "pp",
             "vp",
         )
+    precision = str(resolved.get("precision") or "bf16")
+    if resolved.get("fp8_attention") and precision not in LOW_PRECISIONS:
+        raise FieldError(
+            f"{{0}} needs {{1}} fp8, mxfp8 or nvfp4, got {precision} (Transformer Engine runs attention in FP8 "
+            "only inside its FP8 recipe: Megatron-Core's fp8_dot_product_attention)",
+            "fp8_attention",
+            "precision",
+        )
     check_experts(model, resolved)
+
+
+# Precisions whose GEMMs run below 16 bits (hetersim.terms.compute.low_precision).
+LOW_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:

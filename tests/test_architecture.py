@@ -201,6 +201,7 @@ ep_overlap = false
 moe_imbalance = 1.0
 mla_up_proj = false
 fused_experts = false
+fp8_attention = false
 pp_layout = false
 fragmentation = 0.0
 grad_reduce = "auto"

@@ -210,6 +210,8 @@ TOKEN_DROP_IMBALANCE = 1.0
 # ``mla_up_proj`` among them sets the plan's ``mla_up_proj`` (a selective run rebuilds MLA's up
 # projections, not the attention core). ``fused_experts`` is the preset's cutedsl_fused_grouped_mlp
 # (1: the experts' GEMMs in one grouped kernel; 0 or empty: Transformer Engine's per-expert GEMMs).
+# ``fp8_attention``: the preset's fp8_dot_product_attention (1: set; 0 or empty: not set, or not checked
+# where the model has no sliding-window layers, on which alone it acts).
 # ``pp_layout``: the preset's (or its recipe's) explicit pipeline layout, where it sets one.
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
@@ -257,6 +259,7 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         moe_imbalance=_imbalance(routing, f.get("notes") or ""),
         mla_up_proj="mla_up_proj" in (config.get("recompute_modules") or "").split(),
         fused_experts=(config.get("fused_experts") or "0").strip() == "1",
+        fp8_attention=(config.get("fp8_attention") or "0").strip() == "1",
         pp_layout=bool((config.get("pp_layout") or "").strip()),
     )
 

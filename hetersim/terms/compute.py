@@ -307,8 +307,35 @@ def attention_fwd_s(dev, cal, m, plan):
 def attention_bwd_s(dev, cal, m, plan):
     flops = 2.5 * attention_flops_fwd(m, plan)
     flash = fused_attention_s(dev, m, plan, flops, dev.attn_eff_bwd, dev.attn2_eff_bwd)
+    if m.extra is not None:  # windowed layers: an FP8 backward computes them at full length
+        flash = jnp.where(fp8_attention(plan), jnp.maximum(fp8_windowed_bwd_s(dev, m, plan, flops), flash), flash)
     flash = flash + 2.0 * cal.kernel_overhead_us * US
     return jnp.where(_materialized(dev, plan), _materialized_s(dev, cal, m, plan, 2.0), flash)
+
+
+def fp8_attention(plan: Plan):
+    """True where the plan runs its attention kernel in FP8 (``fp8_attention``), which Transformer
+    Engine does only inside an FP8 recipe: a 16-bit run keeps 16-bit attention."""
+    return (plan.fp8_attention > 0) & low_precision(plan)
+
+
+def fp8_windowed_bwd_s(dev, m: ModelSpec, plan: Plan, flops):
+    """Backward of a model with sliding-window layers whose attention runs in FP8: cuDNN's FP8 and
+    MXFP8 SDPA backward ignores the window and runs the whole causal sequence. NVIDIA's SDPA
+    benchmark at GPT-OSS's windowed shape (head dimension 64, window 128, GB200; cuDNN 9.22 and
+    9.27): BF16 0.24 / 0.47 / 0.91 / 1.82 / 3.69 ms at 2k / 4k / 8k / 16k / 32k tokens (linear
+    in the sequence, the window's work), FP8 0.54 / 1.73 / 6.18 / 23.2 / 90.3 ms and MXFP8 0.64 /
+    2.08 / 7.43 / 27.9 / 108 ms (quadratic: the full causal square), while the forward takes the
+    BF16 time in every precision (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/
+    gpt_oss/gb200/gpt_oss_20260424_100011.csv @ 60e572b7 and gpt_oss_20260813_110803.csv @
+    20dc1089). So every layer's backward is priced as a full-length layer's, at the rate the
+    catalog gives a full-length kernel call: the measured FP8 kernel is slower still (2.08 ms is
+    about 660 TFLOP/s of full causal work at 4k, the model's BF16 rate for that shape is higher),
+    which is not taken, as no such figure exists for the full-attention layers it would also
+    price. ``flops``: the plan's backward attention FLOPs with the windows."""
+    full = safe_div(flops, attention_keys(m, plan.seq_len), 0.0)  # every layer attends s/2 keys
+    eff = attention_eff(dev, m, plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
+    return safe_div(full, attention_peak(dev, plan) * eff, 1e9)
 
 
 def _materialized_s(dev, cal, m, plan, passes):
