@@ -366,10 +366,10 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 14.26% (README "Mixture of experts"; the one row that does not run counts 100%; 14.59%
-# before four GPT-OSS rows took their launch preset's layout): a bound against regressions, short
-# of the 12% target.
-MOE_MAPE_BOUND = 14.5
+# Today's 14.12% (README "Mixture of experts"; the one row that does not run counts 100%; 14.23%
+# before FP8 attention, 14.59% before four GPT-OSS rows took their launch preset's layout): a bound
+# against regressions, short of the 12% target.
+MOE_MAPE_BOUND = 14.3
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
