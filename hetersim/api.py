@@ -15,7 +15,7 @@ from typing import Any
 
 from .hplan import parse_cluster_groups
 from .planfields import AUTO, DEFAULTS, resolve_sp
-from .types import Attention, FieldError
+from .types import LOW_PRECISION, Attention, FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
 # Plan fields the front door takes from the model entry when not given.
@@ -429,18 +429,15 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "vp",
         )
     precision = str(resolved.get("precision") or "bf16")
-    if resolved.get("fp8_attention") and precision not in LOW_PRECISIONS:
+    low = [p.label for p in LOW_PRECISION]
+    if resolved.get("fp8_attention") and precision not in low:
         raise FieldError(
-            f"{{0}} needs {{1}} fp8, mxfp8 or nvfp4, got {precision} (Transformer Engine runs attention in FP8 "
-            "only inside its FP8 recipe: Megatron-Core's fp8_dot_product_attention)",
+            f"{{0}} needs {{1}} {', '.join(low[:-1])} or {low[-1]}, got {precision} (Transformer Engine runs "
+            "attention in FP8 only inside its FP8 recipe: Megatron-Core's fp8_dot_product_attention)",
             "fp8_attention",
             "precision",
         )
     check_experts(model, resolved)
-
-
-# Precisions whose GEMMs run below 16 bits (hetersim.terms.compute.low_precision).
-LOW_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:

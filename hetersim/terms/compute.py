@@ -13,12 +13,15 @@ rotary embedding, FP8 casts, dropout) is priced by the bytes it moves.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax.numpy as jnp
 
 from .. import stacks
 from ..pytree import replace
 from ..specs import Calibration, DeviceSpec, ModelSpec, Plan
-from ..types import GEMM_INPUT_BYTES, Attention, Loss, Precision, Recompute
+from ..types import GEMM_INPUT_BYTES, LOW_PRECISION, Attention, Loss, Precision, Recompute
 from ..units import GB, TFLOP, US
 from . import attention
 from ._safe import safe_div
@@ -30,7 +33,7 @@ def low_precision(plan: Plan):
     """True in the 8- and 4-bit GEMM precisions (fp8, mxfp8, nvfp4): 16-bit activations, GEMM
     inputs cast before each GEMM and saved in the low precision for the weight gradients."""
     code = plan.precision_code
-    return (code == Precision.FP8) | (code == Precision.MXFP8) | (code == Precision.NVFP4)
+    return functools.reduce(operator.or_, (code == p for p in LOW_PRECISION))
 
 
 def gemm_input_bytes(plan: Plan):
