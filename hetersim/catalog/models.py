@@ -387,23 +387,15 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
     of a model type it does not read (top-level or nested), layers that are not attention, an
     encoder-decoder. Never read as a dense decoder."""
     model_type = str(config.get("model_type", ""))
-    known = ", ".join(sorted(_MOE_TYPES))
-    for key in _MOE_KEYS:
-        if _is_number(config.get(key)) and config[key] > 1 and model_type not in _MOE_TYPES:
-            raise _fail(
-                origin,
-                f"{key} = {config[key]}: mixture-of-experts model_type {model_type!r} is not read (known: {known})",
-            )
-    for table, value in config.items():
-        if not isinstance(value, dict) or table == "text_config":
-            continue
-        for key in _NESTED_MOE_KEYS:
-            if _is_number(value.get(key)) and value[key] > 1 and model_type not in _MOE_TYPES:
-                raise _fail(
-                    origin,
-                    f"{table}.{key} = {value[key]}: mixture-of-experts model_type {model_type!r} is not read "
-                    f"(known: {known})",
-                )
+    if model_type not in _MOE_TYPES:
+        nested = {k: v for k, v in config.items() if isinstance(v, dict) and k != "text_config"}
+        tables = [("", config, _MOE_KEYS), *((f"{k}.", v, _NESTED_MOE_KEYS) for k, v in nested.items())]
+        for prefix, table, keys in tables:
+            for key in keys:
+                if _is_number(table.get(key)) and table[key] > 1:
+                    known = ", ".join(sorted(_MOE_TYPES))
+                    message = f"mixture-of-experts model_type {model_type!r} is not read (known: {known})"
+                    raise _fail(origin, f"{prefix}{key} = {table[key]}: {message}")
     types = config.get("layer_types")
     if isinstance(types, list):
         other = sorted({str(t) for t in types if str(t) not in _ATTENTION_LAYER_TYPES})
