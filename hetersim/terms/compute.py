@@ -283,6 +283,11 @@ def attention_eff(dev, m: ModelSpec, plan: Plan, fastest, fa2, keys_per_call=Non
     return jnp.minimum(ref * shape, 1.0)
 
 
+def full_length_attention_s(dev, m: ModelSpec, plan: Plan, flops, fastest, fa2):
+    """``flops`` of attention at the fused kernel's rate for calls over the whole (local) sequence."""
+    return safe_div(flops, attention_peak(dev, plan) * attention_eff(dev, m, plan, fastest, fa2), 1e9)
+
+
 def fused_attention_s(dev, m: ModelSpec, plan: Plan, flops, fastest, fa2):
     """``flops`` of attention at the fused kernel's rate (:func:`attention_eff`). A model with
     sliding-window layers runs their share of the FLOPs at the rate of a call of ``window`` keys
@@ -291,10 +296,10 @@ def fused_attention_s(dev, m: ModelSpec, plan: Plan, flops, fastest, fa2):
     shape, d 64, window 128, seq 4096, GB200 BF16: 161 TFLOP/s forward, 182 backward,
     window-aware FLOPs; NVIDIA/cudnn-frontend@3929da2ef4c1
     benchmark/sdpa_benchmark_training/results/gpt_oss/gb200/gpt_oss_20260424_100011.csv)."""
+    if m.extra is None:  # no windowed layers: nothing of what follows is traced
+        return full_length_attention_s(dev, m, plan, flops, fastest, fa2)
     peak = attention_peak(dev, plan)
     eff = attention_eff(dev, m, plan, fastest, fa2)
-    if m.extra is None:  # no windowed layers: nothing of this is traced
-        return safe_div(flops, peak * eff, 1e9)
     windowed = safe_div(m.swa_share * window_keys(m, plan.seq_len), attention_keys(m, plan.seq_len), 0.0)  # FLOP share
     keys = jnp.minimum(m.swa_window, plan.seq_len / plan.cp)
     eff_w = attention_eff(dev, m, plan, fastest, fa2, keys_per_call=keys)
@@ -337,8 +342,7 @@ def fp8_windowed_bwd_s(dev, m: ModelSpec, plan: Plan, flops):
     which is not taken, as no such figure exists for the full-attention layers it would also
     price. ``flops``: the plan's backward attention FLOPs with the windows."""
     full = safe_div(flops, attention_keys(m, plan.seq_len), 0.0)  # every layer attends s/2 keys
-    eff = attention_eff(dev, m, plan, dev.attn_eff_bwd, dev.attn2_eff_bwd)
-    return safe_div(full, attention_peak(dev, plan) * eff, 1e9)
+    return full_length_attention_s(dev, m, plan, full, dev.attn_eff_bwd, dev.attn2_eff_bwd)
 
 
 def _materialized_s(dev, cal, m, plan, passes):
