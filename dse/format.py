@@ -239,6 +239,7 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
         f"{' (Transformer Engine needs Ampere or newer)' if st['tp_overlap_needs_te'] else ''}, "
         f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}"
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}"
+        f", ZeRO 1-2 weights gathered {'in the next forward' if st['param_gather_overlap'] else 'after the step'}"
         f"{', sharded data parallelism per FSDP unit' if st['fsdp_units'] else ''}, "
         f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}; "
         "sources: hetersim/catalog/stacks.toml",

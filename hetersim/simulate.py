@@ -309,12 +309,15 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     # ZeRO 0-2 reductions hide only where the stack sends them during the passes (dp_overlap).
     ddp = compute.stack_fact(stacks.table().dp_overlap, plan)
     early = compute.stack_fact(stacks.table().chunk_grad_sync, plan)
+    # The updated weights' all-gather (ZeRO 1-2) hides in the next forward only where the stack
+    # sends it then (param_gather_overlap); else it runs after the optimizer step.
+    gather = compute.stack_fact(stacks.table().param_gather_overlap, plan)
 
     def exposed(comm_s, window):
         return comm.chunked_exposed_s(plan, comm_s, ddp * window, early)
 
     dp_z0 = exposed(ar_bw, win_b) + ar_lat
-    dp_z12 = exposed(rs_bw, win_b) + rs_lat + exposed(ag_bw, win_f) + ag_lat
+    dp_z12 = exposed(rs_bw, win_b) + rs_lat + exposed(ag_bw, gather * win_f) + ag_lat
     # Under full recomputation the recomputed forward gathers the weights again; a stack that
     # releases them after that use (DeepSpeed) gathers once more for the backward (zero3_regather).
     g = zero3_regather(model, plan)

@@ -31,6 +31,7 @@ _SWITCHES = (
     "p2p_overlap",
     "p2p_scatter_gather",
     "dp_overlap",
+    "param_gather_overlap",
     "cp_torch_ring",
     "op_level_sac",
     "chunk_grad_sync",
@@ -51,6 +52,7 @@ class Profile:
     p2p_overlap: bool
     p2p_scatter_gather: bool
     dp_overlap: bool
+    param_gather_overlap: bool
     cp_torch_ring: bool
     op_level_sac: bool
     chunk_grad_sync: bool
@@ -70,6 +72,7 @@ class StackTable:
     p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
     p2p_scatter_gather: np.ndarray  # 1.0 where each TP rank sends 1/tp of a stage's activation
     dp_overlap: np.ndarray  # 1.0 where data-parallel gradient reductions overlap the backward
+    param_gather_overlap: np.ndarray  # 1.0 where ZeRO 1-2 gather the updated weights during the next forward
     cp_torch_ring: np.ndarray  # 1.0 where ring attention passes repeated K/V heads and fp32 dK/dV
     op_level_sac: np.ndarray  # 1.0 where selective recomputation is torchtitan's op-level policy
     chunk_grad_sync: np.ndarray  # 1.0 where an interleaved pipeline reduces each chunk's gradients early
