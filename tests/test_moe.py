@@ -362,14 +362,15 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     result = CliRunner().invoke(app, ["validate", "--runs", str(MOE_RUNS), "--out", str(out)])
     assert result.exit_code == 0, result.output
     summary = json.loads(out.read_text())
-    assert summary["n_runs"] == 143  # 145 published, less the two the source flags as a regression (data/README.md)
+    # 145 published, less the two the source flags as a regression and the one whose container lacked its dispatcher
+    assert summary["n_runs"] == 142  # (data/README.md, moe_runs_known_issues.csv)
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
-# Today's 14.12% (README "Mixture of experts"; the one row that does not run counts 100%; 14.23%
-# before FP8 attention, 14.59% before four GPT-OSS rows took their launch preset's layout): a bound
-# against regressions, short of the issue's 12% target.
-MOE_MAPE_BOUND = 14.3
+# Today's 13.90% (README "Mixture of experts"; the one row that does not run counts 100%; 14.12%
+# before the 26.02 DeepEP row was set aside, 14.23% before FP8 attention, 14.59% before four GPT-OSS
+# rows took their launch preset's layout): a bound against regressions, short of the issue's 12%.
+MOE_MAPE_BOUND = 14.0
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
