@@ -86,6 +86,7 @@ CASES = [
     ("study-binary", ["sweep", "{tmp}/binary.toml", "--out", "{tmp}"], ["study file", "binary.toml"]),
     ("study-is-a-folder", ["sweep", "{tmp}/folder.json", "--out", "{tmp}"], ["study file", "folder.json"]),
     ("runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"]),
+    ("runs-unknown-stack", ["validate", "--runs", "{tmp}/unknown_stack.csv"], ["unknown_stack.csv", "stack", "fsdp"]),
     ("journal-binary", ["optimize", SEARCH, "--storage", "{tmp}/binary.journal", "--out", "{tmp}"], ["binary.journal"]),
     ("journal-not-json", ["optimize", SEARCH, "--storage", "{tmp}/file", "--out", "{tmp}"], ["--storage", "journal"]),
     ("report-binary", ["report", "{tmp}/binary.toml", "--out", "{tmp}/report"], ["binary.toml"]),
@@ -123,6 +124,8 @@ def prepared(tmp: Path) -> Path:
         .replace("[constraints]\n", "[constraints]\nmin_mfu = 0.6\nmax_mfu = 0.4\n", 1)
     )
     (tmp / "min_above_max.toml").write_text(study)
+    runs = (ROOT / "hetersim" / "data" / "published_runs.csv").read_text().splitlines()
+    (tmp / "unknown_stack.csv").write_text(f"{runs[0]},stack\n{runs[1]},colossal\n")
     default = (ROOT / "studies" / "default.toml").read_text()
     (tmp / "imbalance_below_one.toml").write_text(default.replace("[plan]\n", "[plan]\nmoe_imbalance = 0.5\n", 1))
     readonly = tmp / "readonly"

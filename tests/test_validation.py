@@ -197,6 +197,34 @@ def test_fsdp_stack_shards_over_context_parallel_ranks(tmp_path, catalog, cal):
     assert not any(r["feasible"] for r in rep0["rows"])
 
 
+def test_a_rows_stack_column_names_its_profile_or_an_entry(tmp_path, catalog, cal):
+    # r043 (Megatron-LM README, matched to megatron-core-te) and r000 (Narayanan SC'21, matched to
+    # megatron-lm-2021: materialised attention) without the column, then naming a stack.
+    def rows(**cols):
+        rep = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r000", "r043"], **cols)), catalog, cal)
+        return {r["id"][:4]: r for r in rep["rows"]}
+
+    plain = rows()
+    assert plain["r000"]["stack"] == "megatron-lm-2021" and plain["r043"]["stack"] == "megatron-core-te"
+    # A profile: rows whose matched entry runs another profile lose that entry's facts.
+    fsdp = rows(stack="FSDP2")  # a synonym, read case-insensitively
+    assert {r["stack_profile"] for r in fsdp.values()} == {"fsdp"}
+    assert fsdp["r043"]["predicted_step_time_s"] > plain["r043"]["predicted_step_time_s"]  # eager, FlashAttention-2
+    # ... and keep it where it runs the named profile (r000's materialised scores stay).
+    legacy = rows(stack="megatron-legacy")
+    assert legacy["r000"]["stack"] == "megatron-lm-2021"
+    assert legacy["r000"]["predicted_step_time_s"] == pytest.approx(plain["r000"]["predicted_step_time_s"])
+    assert legacy["r043"]["stack"] == "megatron-legacy"
+    # An entry of the stacks file brings its facts (torchtitan: SDPA's FlashAttention-2).
+    titan = rows(stack="torchtitan-2024-12")
+    assert {r["stack"] for r in titan.values()} == {"torchtitan-2024-12"}
+    assert {r["stack_profile"] for r in titan.values()} == {"torchtitan"}
+    # Empty: the source decides, as without the column.
+    assert rows(stack="")["r000"]["predicted_step_time_s"] == pytest.approx(plain["r000"]["predicted_step_time_s"])
+    with pytest.raises(ValueError, match=r"row r000\S*: column stack must be a profile \(megatron, .*got 'colossal'"):
+        fit.read_runs(_runs_file(tmp_path, ["r000"], stack="colossal"))
+
+
 def test_bad_stacks_file_is_rejected(tmp_path):
     from hetersim.fit.stacks import load_stacks
 

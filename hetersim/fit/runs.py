@@ -23,7 +23,7 @@ from .. import build
 from ..terms.flops import megatron_flops_per_token
 from ..types import ATTENTION
 from ..units import TFLOP
-from .stacks import Stack, load_stacks, stack_for
+from .stacks import Stack, load_stacks, row_stack
 
 REQUIRED_COLUMNS = (
     "id", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -50,7 +50,8 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     """Read a runs CSV, validating its header and every value used; one-line errors.
 
     Each row is matched to a software stack (``stacks``, default ``data/stacks.toml``) by its
-    ``source``, for the facts the CSV has no column for.
+    ``source``, for the facts the CSV has no column for, unless its optional ``stack`` column
+    names one (:func:`~hetersim.fit.stacks.row_stack`).
     """
     stacks = load_stacks() if stacks is None else stacks
     path = Path(path)
@@ -64,15 +65,11 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     for i, rec in enumerate(reader, start=2):
         if None in rec or any(v is None for v in rec.values()):
             raise ValueError(f"{path}: line {i}: wrong number of fields")
-        rows.append(
-            Row(
-                rec["id"],
-                rec["source"],
-                rec,
-                not rec["assumed"].strip(),
-                stack_for(rec["source"], stacks, rec.get("notes") or ""),
-            )
-        )
+        try:
+            stack = row_stack(rec["source"], rec.get("notes") or "", rec.get("stack") or "", stacks)
+        except ValueError as e:
+            raise ValueError(f"{path}: row {rec['id']}: {e}") from None
+        rows.append(Row(rec["id"], rec["source"], rec, not rec["assumed"].strip(), stack))
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows

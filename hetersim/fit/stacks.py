@@ -17,7 +17,16 @@ from pathlib import Path
 from ..stacks import check_table, read_stacks_file
 from ..types import ATTENTION, STACK
 
-__all__ = ["Stack", "default_stacks_path", "load_stacks", "stack_for"]
+# Other names a runs CSV's ``stack`` column may give a profile (catalog/stacks.toml): Megatron-Core
+# is what NeMo 2.x and Megatron-Bridge train with; FSDP1/FSDP2 frameworks without torchtitan's or
+# llm-foundry's kernels are the ``fsdp`` profile.
+PROFILE_SYNONYMS = {
+    "megatron-core": "megatron", "mcore": "megatron", "nemo": "megatron", "megatron-bridge": "megatron",
+    "pytorch-fsdp": "fsdp", "torch-fsdp": "fsdp", "fsdp1": "fsdp", "fsdp2": "fsdp",
+    "deepspeed-zero": "deepspeed",
+}  # fmt: skip
+
+__all__ = ["PROFILE_SYNONYMS", "Stack", "default_stacks_path", "load_stacks", "row_stack", "stack_for"]
 
 _FIELDS = {
     "name",
@@ -103,3 +112,26 @@ def stack_for(source: str, stacks: Sequence[Stack], notes: str = "") -> Stack | 
         if any(m.lower() in low for m in stack.match) and all(n.lower() in low_notes for n in stack.notes):
             return stack
     return None
+
+
+def row_stack(source: str, notes: str, named: str, stacks: Sequence[Stack]) -> Stack | None:
+    """The stack a runs-CSV row is priced with. A row that names one in its ``stack`` column gets
+    it: the key of an entry of ``stacks`` (with that entry's facts), or a profile of
+    catalog/stacks.toml (:data:`PROFILE_SYNONYMS` read as theirs), which keeps the facts of the
+    entry its ``source`` matches only where that entry runs the same profile. A row that names
+    none gets the entry its ``source`` matches (:func:`stack_for`), or None: the default profile.
+    A name that is neither raises a one-line ``ValueError`` saying what is allowed."""
+    matched = stack_for(source, stacks, notes)
+    value = named.strip().lower()
+    if not value:
+        return matched
+    by_key = {s.key.lower(): s for s in stacks}
+    if value in by_key:
+        return by_key[value]
+    profile = PROFILE_SYNONYMS.get(value, value)
+    if profile not in STACK:
+        entries = f", or an entry of the stacks file ({', '.join(sorted(by_key))})" if by_key else ""
+        raise ValueError(f"column stack must be a profile ({', '.join(STACK)}){entries}; got {named.strip()!r}")
+    if matched is not None and matched.stack == profile:
+        return matched
+    return Stack(key=profile, name=f"profile {profile}, named by the row", match=(), stack=profile)
