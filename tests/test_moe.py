@@ -363,7 +363,7 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(out.read_text())
     # 145 published, less the two the source flags as a regression and the one whose container lacked its dispatcher
-    assert summary["n_runs"] == 142  # (data/README.md, moe_runs_known_issues.csv)
+    assert summary["n_runs"] == 141  # (data/README.md, moe_runs_known_issues.csv)
     assert summary["mape_step_time_pct"] < MOE_MAPE_BOUND
 
 
@@ -371,7 +371,7 @@ def test_validation_on_the_measured_moe_runs_is_bounded(tmp_path):
 # before two Qwen3-235B rows took their config function's dispatcher, 14.12% before the 26.02 DeepEP
 # row was set aside, 14.23% before FP8 attention, 14.59% before four GPT-OSS
 # rows took their launch preset's layout): a bound against regressions, short of the issue's 12%.
-MOE_MAPE_BOUND = 14.0
+MOE_MAPE_BOUND = 13.5
 
 
 def test_the_hierarchical_dispatcher_crosses_nodes_once_per_node(catalog, cal):
