@@ -178,6 +178,42 @@ def test_unknown_key_lists_known_keys(method, kind):
         getattr(CATALOG, method)("xyz")
 
 
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("A100 40GB", "a100-sxm-40gb"),  # spaces for hyphens
+        ("A100_80GB", "a100-sxm-80gb"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"),  # torch.cuda.get_device_name
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"),
+        ("Tesla V100-SXM2-32GB", "v100-sxm-32gb"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("Gaudi 2", "gaudi2"),
+    ],
+)
+def test_device_names_as_tools_print_them_resolve(name, key):
+    assert CATALOG.gpu(name) == CATALOG.gpu(key)
+
+
+def test_loose_names_are_unambiguous_and_never_guess(tmp_path):
+    from hetersim.catalog.load import _loose
+
+    for section in SECTIONS:  # no two packaged entries share a name once separators are dropped
+        owner: dict[str, str] = {}
+        for key, entry in CATALOG.section(section).items():
+            for name in [key, *(a.strip() for a in str(entry.get("aliases", "")).split(",") if a.strip())]:
+                assert owner.setdefault(_loose(name), key) == key, (section, name, owner[_loose(name)])
+    # A device the catalog does not have is not matched to a near one.
+    with pytest.raises(ValueError, match="unknown gpu 'A100 80GB PCIe'"):
+        CATALOG.gpu("A100 80GB PCIe")
+    # Two user entries that differ only in separators: a loose name is an error naming both.
+    gpu = dict(CATALOG.gpu(H200_KEY))
+    del gpu["sources"]
+    body = "\n".join(f"{name} = {json.dumps(value)}" for name, value in gpu.items())
+    path = write(tmp_path, f"[gpus.x-1]\n{body}\n[gpus.x_1]\n{body}\n")
+    with pytest.raises(ValueError, match="gpu 'X 1' is ambiguous: it names x-1, x_1"):
+        load_catalog([path]).gpu("X 1")
+
+
 def test_lookup_returns_a_copy():
     CATALOG.gpu(H200_KEY)["hbm_bw_GBps"] = -1.0
     assert CATALOG.gpu(H200_KEY)["hbm_bw_GBps"] == 4800.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -87,13 +88,39 @@ class Catalog:
 
     @staticmethod
     def _resolve(entries: Mapping[str, Entry], key: str, section: Section) -> str:
-        """The entry key that ``key`` names case-insensitively or as one of an entry's ``aliases``."""
+        """The entry key that ``key`` names case-insensitively or as one of an entry's ``aliases``;
+        failing that, the one entry that ``key`` names with its separators (spaces, ``_``, ``-``,
+        ``/``) and a leading vendor word left out: ``A100 40GB``, ``a100_40gb`` and the device name
+        PyTorch prints, ``NVIDIA A100-SXM4-40GB``, all name ``a100-sxm-40gb``. A key that names
+        more than one entry that way is an error naming them."""
         want = key.strip().lower()
-        for k, entry in entries.items():
-            names = [k] + [a.strip() for a in str(entry.get("aliases", "")).split(",") if a.strip()]
+        spelled = {
+            k: [k, *(a.strip() for a in str(e.get("aliases", "")).split(",") if a.strip())] for k, e in entries.items()
+        }
+        for k, names in spelled.items():
             if want in (n.lower() for n in names):
                 return k
+        loose = _loose(want)
+        hits = sorted(k for k, names in spelled.items() if loose and loose in {_loose(n) for n in names})
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            raise ValueError(f"{_SINGULAR[section]} {key!r} is ambiguous: it names {', '.join(hits)}")
         raise ValueError(f"unknown {_SINGULAR[section]} {key!r}; known: {', '.join(sorted(entries))}")
+
+
+# Words a device's own name starts with that catalog keys leave out (torch.cuda.get_device_name
+# prints "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB", "AMD Instinct MI300X").
+_VENDOR_WORDS = ("nvidia", "tesla", "amd", "intel", "habana")
+
+
+def _loose(name: str) -> str:
+    """``name`` lower-cased without separators and without a leading vendor word."""
+    s = re.sub(r"[\s_/-]+", "", name.strip().lower())
+    for word in _VENDOR_WORDS:
+        if s.startswith(word) and len(s) > len(word):
+            s = s[len(word) :]
+    return s
 
 
 def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
