@@ -22,6 +22,27 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .planhelp import (
+    _DISP_NAME,
+    _EP_ALIAS,
+    _EPO_HELP,
+    _EPO_NAME,
+    _ETP_ALIAS,
+    _FP8A_HELP,
+    _FRAG_HELP,
+    _FRAG_NAME,
+    _FUSED_HELP,
+    _FUSED_NAME,
+    _GR_HELP,
+    _GR_NAME,
+    _IMB_HELP,
+    _IMB_NAME,
+    _LAYOUT_HELP,
+    _LAYOUT_NAME,
+    _MLA_HELP,
+    _MLA_NAME,
+    _Z3P,
+)
 from .types import (
     Attention,
     CheckpointMode,
@@ -109,36 +130,6 @@ class PlanField:
     def coded(self) -> bool:
         """Stored as small integer codes in sweep tables (choices, and ``sp`` with -1 = auto)."""
         return self.kind in ("choice", "bool") and self.axis
-
-
-# The MoE fields' names and help (kept here so that each field is one line of FIELDS).
-_EP_ALIAS = ("--expert-model-parallel-size",)
-_Z3P = ("ZeRO-3 weight gathers overlap compute (FSDP prefetch, DeepSpeed >= 0.5); off: each gather waits (DeepSpeed "
-        "<= 0.4 synchronised the device before every parameter's all-gather, DeepSpeed PR 1188).")  # fmt: skip
-_GR_NAME = "dtype of the gradients on the wire (auto: the stack's)"
-_GR_HELP = "Gradient reduction dtype: auto (the stack's), fp32 (DeepSpeed fp32_allreduce), model (16-bit)."
-_FRAG_NAME = "share of the caching allocator's reserved HBM lost to fragmentation"
-_FRAG_HELP = ("Allocator fragmentation: the share of reserved HBM that is free but unusable (0: none; 0.15 is GMLake's "
-              "mean over eight LLMs on A100-80GB, Guo et al. ASPLOS'24).")  # fmt: skip
-_FP8A_HELP = ("Attention in FP8 (Megatron's fp8_dot_product_attention, cuDNN's FP8 SDPA; FP8 recipes only): its "
-              "backward ignores a sliding window (NVIDIA/cudnn-frontend's benchmark); off: 16-bit.")  # fmt: skip
-_ETP_ALIAS = ("--expert-tensor-parallel-size",)
-_EPO_NAME = "expert-parallel all-to-all overlapped with another micro-batch's compute"
-_EPO_HELP = "Megatron-Core's overlap_moe_expert_parallel_comm (1F1B all-to-all overlap); off by default as there."
-_DISP_NAME = "MoE token dispatcher (alltoall: every copy over NCCL; deepep: once per node, then NVLink)"
-_IMB_NAME = "routed tokens of the busiest expert-parallel rank / the mean"
-_IMB_HELP = "MoE load imbalance: the busiest rank's routed tokens over the mean (1: balanced routing)."
-_FUSED_NAME = "the routed experts' GEMMs run as one grouped kernel, not one cuBLAS GEMM per expert"
-_FUSED_HELP = ("Routed experts in one grouped kernel (Megatron-Bridge's cutedsl_fused_grouped_mlp); off: Transformer "
-               "Engine's GroupedLinear default, a cuBLAS GEMM per local expert on 4 streams.")  # fmt: skip
-_LAYOUT_NAME = "an explicit pipeline layout places the layers (interleaved chunks of unequal size)"
-_LAYOUT_HELP = ("Megatron-Core's pipeline_model_parallel_layout (MoE models): interleaved chunks may hold different "
-                "numbers of layers, at most ceil(layers / (pp*vp)) each, so layers need not divide pp*vp.")  # fmt: skip
-_MLA_NAME = "selective recomputation rebuilds MLA's up projections instead of the attention core"
-_MLA_HELP = (
-    "Selective recomputation of Megatron-Core's --recompute-modules mla_up_proj: MLA's query and key/value up "
-    "projections and RoPE are recomputed in the backward and their outputs not stored (no effect without MLA)."
-)
 
 
 FIELDS: tuple[PlanField, ...] = (
