@@ -476,7 +476,7 @@ def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
         if key not in plan_t:
             continue
         f, value, full = planfields.BY_NAME[key], plan_t[key], f"plan.{key}"
-        if f.kind == "float":
+        if f.kind in ("float", "int"):
             # A TOML number in the registry's own range (its lower bound too: moe_imbalance >= 1).
             number = isinstance(value, int | float) and not isinstance(value, bool)
             try:

@@ -428,6 +428,13 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "pp",
             "vp",
         )
+    shard = int(resolved.get("shard_group") or 0)
+    if shard and (dp * cp) % shard:
+        raise FieldError(
+            f"{{0}} {shard} does not divide the {dp * cp} data-parallel ranks (dp {dp} x {{1}} {cp})",
+            "shard_group",
+            "cp",
+        )
     precision = str(resolved.get("precision") or "bf16")
     low = [p.label for p in LOW_PRECISION]
     if resolved.get("fp8_attention") and precision not in low:

@@ -33,7 +33,7 @@ from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
 from .terms import goodput as goodput_terms
 from .terms._safe import pos, safe_div
-from .terms.dp import dp_collectives, hidden_traffic_s, zero3_regather
+from .terms.dp import collective_parts, hidden_traffic_s, zero3_regather
 from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible, Recompute
 from .units import HOUR, KWH, TFLOP, GiB
@@ -140,6 +140,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
+    f |= _flag((plan.shard_group > 0) & _not_multiple(plan.dp * plan.cp, plan.shard_group), Infeasible.SHARD_GROUP)
     return f
 
 
@@ -273,24 +274,13 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     """
     net = system.network
     _, s_cp, s_dp, _ = comm.strides(plan)
-    n_dp = memory.zero_group(plan)
+    n_dp = plan.dp * plan.cp
     s_dpg = jnp.minimum(s_dp, jnp.where(plan.cp > 1, s_cp, s_dp))
 
     root = jnp.where(jnp.asarray(1.0 if vocab_mats is None else vocab_mats) > 0, 1.0, 0.0)
 
-    def parts(p_local, n, stride, units):
-        """(all-reduce, reduce-scatter, all-gather) (bandwidth, latency) pairs of ``p_local``
-        parameters over a group of ``n`` ranks, in buckets or, under FSDP, in ``units``."""
-        grad_bytes = p_local * memory.grad_wire_bytes(plan)
-        w_bytes = p_local * memory.WEIGHT_BYTES
-        n_ag, n_rs = dp_collectives(plan, p_local, n, units)
-        return (
-            comm.all_reduce_parts(net, n, stride, grad_bytes, n_rs),
-            comm.all_gather_parts(net, n, stride, grad_bytes, n_rs),
-            comm.all_gather_parts(net, n, stride, w_bytes, n_ag),
-        )
-
-    dense = parts(memory.local_params(model, plan, pipe.layers, vocab_mats), n_dp, s_dpg, pipe.layers + root)
+    p_dense = memory.local_params(model, plan, pipe.layers, vocab_mats)
+    dense = collective_parts(net, plan, p_dense, n_dp, memory.zero_group(plan), s_dpg, pipe.layers + root)
     n_edp = memory.expert_dp(plan)
     if model.extra is None:
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = dense
@@ -299,7 +289,8 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
         # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
         # ep*etp apart), in the same buckets and windows; none where it has one rank.
         moe_units = memory.moe_stage_layers(model, pipe.layers)
-        experts = parts(memory.expert_local_params(model, plan, pipe.layers), n_edp, plan.ep * plan.etp, moe_units)
+        p_exp = memory.expert_local_params(model, plan, pipe.layers)
+        experts = collective_parts(net, plan, p_exp, n_edp, n_edp, plan.ep * plan.etp, moe_units, hybrid=False)
         on = jnp.where(n_edp > 1, 1.0, 0.0)
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (
             (d[0] + on * e[0], d[1] + on * e[1]) for d, e in zip(dense, experts, strict=True)

@@ -277,6 +277,7 @@ class Infeasible(enum.IntFlag):
     KERNEL = 2048  # the device cannot run the plan's attention kernel
     EXPERTS = 4096  # an expert-parallel layout that cannot be placed (see REASONS)
     NO_PROGRESS = 8192  # failures, restarts and checkpoints take all the wall time (goodput 0)
+    SHARD_GROUP = 16384  # a hybrid-sharding group that does not divide the data-parallel ranks
 
     @classmethod
     def describe(cls, value: int) -> list[str]:
@@ -301,4 +302,5 @@ REASONS = {
     Infeasible.EXPERTS: "expert layout: ep must divide n_experts, ep*etp must divide tp*cp*dp, etp the expert "
     "width, ep = etp = 1 for a dense model, and an MoE model with tp > 1 needs sequence parallelism",
     Infeasible.NO_PROGRESS: "failures, restarts and checkpoints leave no time for training (goodput 0)",
+    Infeasible.SHARD_GROUP: "shard_group must divide the data-parallel ranks dp*cp (hybrid sharding)",
 }

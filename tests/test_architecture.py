@@ -204,6 +204,7 @@ fused_experts = false
 fp8_attention = false
 pp_layout = false
 fragmentation = 0.0
+shard_group = 0
 grad_reduce = "auto"
 zero3_prefetch = true
 """

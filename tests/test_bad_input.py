@@ -69,6 +69,7 @@ CASES = [
     ("dp-3-of-8", ev("--dp", "3"), ["--gpus 8", "--dp 3"]),
     ("pp-vp-do-not-split-layers", ev("--pp", "4", "--vp", "3"), ["--pp 4", "--vp 3", "32 layers"]),
     ("vp-without-pp", ev("--vp", "2"), ["--vp 2", "--pp > 1"]),
+    ("shard-group-not-dividing", ev("--zero", "3", "--shard-group", "3"), ["--shard-group 3", "8 data-parallel"]),
     ("vp-batches-not-multiple-of-pp", ev("--pp", "2", "--vp", "2", global_batch="12"), ["3 micro-batches", "--pp 2"]),
     ("batch-not-multiple", ev("--micro-batch", "2", global_batch="60"), ["--global-batch"]),
     ("layers-per-stage-without-cluster", ev("--layers-per-stage", "16"), ["--layers-per-stage", "--cluster"]),

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from .. import stacks
 from ..specs import ModelSpec, Plan
 from ..types import Recompute
-from . import compute, memory
+from . import comm, compute, memory
 from ._safe import pos, safe_div
 from .flops import layer_params
 
@@ -43,6 +43,28 @@ def dp_collectives(plan: Plan, p_local, n_dp, units):
     n_ag = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp)), 1.0)
     n_rs = jnp.maximum(jnp.ceil(p_local / dp_bucket_params(plan, n_dp, grads=True)), 1.0)
     return jnp.where(per_unit, units, n_ag), jnp.where(per_unit, units, n_rs)
+
+
+def collective_parts(net, plan: Plan, p_local, n_all, n_shard, stride, units, hybrid: bool = True):
+    """(all-reduce, reduce-scatter, all-gather) (bandwidth, latency) pairs that carry ``p_local``
+    parameters over ``n_all`` data-parallel ranks ``stride`` apart, in buckets or, under FSDP, in
+    ``units`` (:func:`dp_collectives`). Plain data parallelism all-reduces the gradients over all
+    of them. ZeRO reduce-scatters gradients and all-gathers weights inside a shard group of
+    ``n_shard`` adjacent ranks; where that is fewer than all (hybrid sharding: PyTorch FSDP's
+    HYBRID_SHARD, FSDP2's replicate x shard mesh), each rank then all-reduces its reduced shard
+    with the same shard of the other groups (``n_all / n_shard`` ranks, ``stride * n_shard``
+    apart), which the reduce-scatter pair carries (``hybrid`` False: ``n_shard`` is ``n_all``)."""
+    grad_bytes = p_local * memory.grad_wire_bytes(plan)
+    n_ag, n_rs = dp_collectives(plan, p_local, n_all, units)
+    rs_bw, rs_lat = comm.all_gather_parts(net, n_shard, stride, grad_bytes, n_rs)
+    if hybrid:
+        rep = comm.all_reduce_parts(net, n_all / n_shard, stride * n_shard, grad_bytes / n_shard, n_rs)
+        rs_bw, rs_lat = rs_bw + rep[0], rs_lat + rep[1]
+    return (
+        comm.all_reduce_parts(net, n_all, stride, grad_bytes, n_rs),
+        (rs_bw, rs_lat),
+        comm.all_gather_parts(net, n_shard, stride, p_local * memory.WEIGHT_BYTES, n_ag),
+    )
 
 
 def zero3_regather(model: ModelSpec, plan: Plan):

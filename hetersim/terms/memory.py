@@ -97,8 +97,10 @@ def expert_local_params(m: ModelSpec, plan: Plan, layers=None):
 
 def zero_group(plan: Plan):
     """ZeRO / distributed-optimizer states are sharded over the data-parallel ranks, which in
-    Megatron include the context-parallel ones."""
-    return plan.dp * plan.cp
+    Megatron include the context-parallel ones; under hybrid sharding (``shard_group`` > 0) over
+    groups of that many of them, each group a replica of the others."""
+    n = plan.dp * plan.cp
+    return jnp.where(plan.shard_group > 0, jnp.minimum(plan.shard_group, n), n)
 
 
 def expert_dp(plan: Plan):
