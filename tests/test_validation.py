@@ -225,6 +225,20 @@ def test_a_rows_stack_column_names_its_profile_or_an_entry(tmp_path, catalog, ca
         fit.read_runs(_runs_file(tmp_path, ["r000"], stack="colossal"))
 
 
+def test_a_rows_shard_group_column_prices_hybrid_sharding(tmp_path, catalog, cal):
+    # torchtitan's 128-GPU FSDP row (r096) as if hybrid-sharded inside each 8-GPU node.
+    def row(**cols):
+        return fit.validate(fit.read_runs(_runs_file(tmp_path, ["r096"], **cols)), catalog, cal)["rows"][0]
+
+    full, empty, node = row(), row(shard_group=""), row(shard_group="8")
+    assert empty["predicted_step_time_s"] == pytest.approx(full["predicted_step_time_s"])
+    assert node["hbm_used_GiB"] > full["hbm_used_GiB"]
+    assert node["predicted_step_time_s"] != pytest.approx(full["predicted_step_time_s"])
+    assert not row(shard_group="3")["feasible"]  # 3 does not divide the 128 data-parallel ranks
+    with pytest.raises(ValueError, match="column shard_group must be a number"):
+        row(shard_group="x")
+
+
 def test_bad_stacks_file_is_rejected(tmp_path):
     from hetersim.fit.stacks import load_stacks
 

@@ -169,6 +169,7 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         reuse_Mparams=row.stack.zero3_reuse_Mparams if row.stack is not None else 0.0,
         zero3_prefetch=row.stack.zero3_prefetch if row.stack is not None else True,
         stack=row.stack.stack if row.stack is not None else "megatron",
+        shard_group=int(n("shard_group", optional=True) or 0) if "shard_group" in f else 0,
     )
     return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
 
