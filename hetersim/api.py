@@ -429,7 +429,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "vp",
         )
     shard = int(resolved.get("shard_group") or 0)
-    if shard and (dp * cp) % shard:
+    if shard and (dp * cp) % shard:  # simulate's Infeasible.SHARD_GROUP flags the same in a sweep
         raise FieldError(
             f"{{0}} {shard} does not divide the {dp * cp} data-parallel ranks (dp {dp} x {{1}} {cp})",
             "shard_group",

@@ -140,7 +140,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
-    f |= _flag((plan.shard_group > 0) & _not_multiple(plan.dp * plan.cp, plan.shard_group), Infeasible.SHARD_GROUP)
+    f |= _flag((plan.shard_group > 0) & _not_multiple(memory.dp_ranks(plan), plan.shard_group), Infeasible.SHARD_GROUP)
     return f
 
 
@@ -274,7 +274,7 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     """
     net = system.network
     _, s_cp, s_dp, _ = comm.strides(plan)
-    n_dp = plan.dp * plan.cp
+    n_dp = memory.dp_ranks(plan)
     s_dpg = jnp.minimum(s_dp, jnp.where(plan.cp > 1, s_cp, s_dp))
 
     root = jnp.where(jnp.asarray(1.0 if vocab_mats is None else vocab_mats) > 0, 1.0, 0.0)

@@ -109,7 +109,7 @@ FIELDS = tuple(Goodput.__dataclass_fields__)
 def checkpoint_bytes(model: ModelSpec, plan: Plan, states):
     """(bytes one GPU of the busiest stage writes, bytes of the whole checkpoint)."""
     weights, _, opt = states
-    n = plan.dp * plan.cp  # replicated states: every data-parallel rank writes a share
+    n = memory.dp_ranks(plan)  # replicated states: every data-parallel rank writes a share
     w_rep = jnp.where(plan.zero >= 3, 1.0, n)
     o_rep = jnp.where(plan.zero >= 1, 1.0, n)
     wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, memory.WEIGHT_BYTES)

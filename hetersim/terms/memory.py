@@ -95,11 +95,17 @@ def expert_local_params(m: ModelSpec, plan: Plan, layers=None):
     return moe_stage_layers(m, layers) * expert_params(m) / (plan.ep * plan.etp)
 
 
+def dp_ranks(plan: Plan):
+    """The data-parallel ranks a weight is replicated over, which in Megatron include the
+    context-parallel ones: ``dp * cp``."""
+    return plan.dp * plan.cp
+
+
 def zero_group(plan: Plan):
-    """ZeRO / distributed-optimizer states are sharded over the data-parallel ranks, which in
-    Megatron include the context-parallel ones; under hybrid sharding (``shard_group`` > 0) over
-    groups of that many of them, each group a replica of the others."""
-    n = plan.dp * plan.cp
+    """ZeRO / distributed-optimizer states are sharded over the data-parallel ranks
+    (:func:`dp_ranks`); under hybrid sharding (``shard_group`` > 0) over groups of that many of
+    them, each group a replica of the others."""
+    n = dp_ranks(plan)
     return jnp.where(plan.shard_group > 0, jnp.minimum(plan.shard_group, n), n)
 
 
