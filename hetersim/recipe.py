@@ -2,11 +2,14 @@
 model and a plan.
 
 :func:`read_recipe` returns ``{"model": {...}, "plan": {...}}`` keyed by this project's names
-(``model_from_dims``'s arguments; :mod:`hetersim.planfields` fields), holding only what the file
-says. Keys that change the answer and that the model cannot express (mixture-of-experts,
-recomputing only some layers, unresolved ``${...}`` interpolations) are one-line errors naming
-the file and key; keys with no bearing on the cost (learning rates, data paths, logging) are
-ignored. ``kv_channels`` / ``--kv-channels`` is the head width (``head_dim``).
+(``model_from_dims``'s arguments, the catalog's optional expert / MLA fields among them;
+:mod:`hetersim.planfields` fields), holding only what the file says. Mixture-of-experts, latent
+attention and multi-token prediction keys are read by :mod:`hetersim.recipe_moe`, with
+Megatron-Core's defaults. Keys that change the answer and that the model cannot express
+(recomputing only some layers, a dispatcher or MoE layer pattern it has no price for,
+unresolved ``${...}`` interpolations) are one-line errors naming the file and key; keys with no
+bearing on the cost (learning rates, data paths, logging) are ignored. ``kv_channels`` /
+``--kv-channels`` is the head width (``head_dim``).
 
 Formats, with where their keys are defined:
 
@@ -18,8 +21,10 @@ Formats, with where their keys are defined:
   ``micro_batch_size``, ``global_batch_size``, ``encoder_seq_length``, ``num_layers``,
   ``hidden_size``, ``ffn_hidden_size``, ``num_attention_heads``, ``num_query_groups``,
   ``kv_channels``, ``activation``, ``share_embeddings_and_output_weights``,
-  ``activations_checkpoint_granularity`` / ``_method``, ``fp8``, ``optim.name``
-  (``distributed_fused_adam`` is the distributed optimizer). A file whose top level is
+  ``activations_checkpoint_granularity`` / ``_method``, ``fp8``, ``expert_model_parallel_size``,
+  ``expert_tensor_parallel_size``, ``optim.name`` (``distributed_fused_adam`` and
+  ``mcore_distributed_optim``, as in ``conf/training/mixtral/mixtral_8x7b.yaml`` there, are the
+  distributed optimizer). A file whose top level is
   ``training:`` (the launcher's group) is read inside it.
 * **Megatron-LM argument list** (any other file): the ``--flag value`` arguments of
   ``pretrain_gpt.py`` as a launch script passes them (backslash continuations and ``#``
@@ -27,7 +32,10 @@ Formats, with where their keys are defined:
   from torchrun's ``--nnodes`` x ``--nproc-per-node`` when present. Megatron's own defaults
   apply where a flag is absent: a GeLU MLP unless ``--swiglu``, tied embeddings unless
   ``--untie-embeddings-and-output-weights``, ``--num-query-groups`` read only with
-  ``--group-query-attention``.
+  ``--group-query-attention``. ``--num-distributed-optimizer-instances N`` (with
+  ``--use-distributed-optimizer``) shards the optimizer over ``dp * cp / N`` ranks
+  (``megatron/core/parallel_state.py`` ``intra_partial_data_parallel_size`` @ d98e8a64dd): the
+  plan's ``shard_group``, which needs the GPU count.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from . import recipe_moe
 from .planfields import FIELDS
 
 # Model dimensions: ``model_from_dims`` argument -> Megatron-LM flag (megatron/training/arguments.py).
@@ -60,6 +69,8 @@ NEMO_PLAN_KEYS = {
     "global_batch_size": "global_batch",
     "encoder_seq_length": "seq_len",
     "activations_checkpoint_granularity": "recompute",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
 }
 NEMO_MODEL_KEYS = {
     "num_layers": "layers",
@@ -84,8 +95,6 @@ NEMO_PRECISION = {
 }
 # Keys whose presence (with a value that turns them on) the model cannot express.
 NEMO_REFUSED = {
-    "num_moe_experts": "mixture-of-experts layers are not modelled",
-    "expert_model_parallel_size": "expert parallelism is not modelled",
     "num_micro_batches_with_partial_activation_checkpoints": "partial activation checkpointing is not modelled",
 }
 
@@ -159,7 +168,16 @@ def _from_nemo(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
     _nemo_recompute(m, plan, origin)
     _nemo_refusals(m, origin)
     _nemo_hardware(data, m, plan, origin)
-    return {"model": _nemo_model(m, origin), "plan": plan}
+    model = _nemo_model(m, origin)
+    reader = recipe_moe.Reader(origin, lambda key, _flag: (f"model.{key}", m[key]) if key in m else None, "config")
+    return _with_moe(reader, model, plan)
+
+
+def _with_moe(reader: recipe_moe.Reader, model: dict[str, Any], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The file's expert / MLA / MTP model fields and expert plan fields added to its dense ones."""
+    extra = recipe_moe.model_fields(reader, model)
+    plan.update(recipe_moe.plan_fields(reader, plan, extra.get("n_experts", 0) > 1))
+    return {"model": {**model, **extra}, "plan": plan}
 
 
 def _nemo_recompute(m: dict[str, Any], plan: dict[str, Any], origin: str) -> None:
@@ -198,7 +216,7 @@ def _nemo_hardware(data: dict[str, Any], m: dict[str, Any], plan: dict[str, Any]
     if m.get("fp8") is True:
         plan["precision"] = "fp8"
     optim = m.get("optim") or {}
-    if isinstance(optim, dict) and optim.get("name") == "distributed_fused_adam":
+    if isinstance(optim, dict) and optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
         plan["zero"] = 1  # the distributed optimizer: optimizer states sharded over DP (ZeRO-1)
 
 
@@ -229,10 +247,8 @@ def _nemo_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
 _PLAN_FLAGS = {alias: f for f in FIELDS for alias in f.aliases}
 _SWITCH_FLAGS = {flag: (f, value) for f in FIELDS for flag, value in f.switches}
 _MODEL_FLAGS = {flag: dim for dim, flag in MEGATRON_MODEL_FLAGS.items()}
-_REFUSED_FLAGS = {
-    "--num-experts": "mixture-of-experts layers are not modelled",
-    "--expert-model-parallel-size": "expert parallelism is not modelled",
-}
+# Flags whose value is a list (nargs='+' in megatron/training/arguments.py): their words are joined.
+_LIST_FLAGS = frozenset({"--recompute-modules"})
 
 
 def _arguments(text: str) -> dict[str, str | None]:
@@ -249,6 +265,8 @@ def _arguments(text: str) -> dict[str, str | None]:
         flag, eq, value = token.partition("=")
         if not eq and i < len(tokens) and not tokens[i].startswith("--"):
             value, i = tokens[i], i + 1
+            while flag.replace("_", "-") in _LIST_FLAGS and i < len(tokens) and not tokens[i].startswith("--"):
+                value, i = f"{value} {tokens[i]}", i + 1
         args[flag.replace("_", "-")] = value if (eq or value) else None
     return args
 
@@ -263,9 +281,6 @@ def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
     args = _arguments(text)
     if not args:
         raise ValueError(f"{origin}: no --flag arguments found; give a Megatron argument list or a NeMo recipe .yaml")
-    for flag, why in _REFUSED_FLAGS.items():
-        if flag in args and args[flag] not in ("0", "1"):
-            raise _fail(origin, flag, f"{args[flag]}: {why}")
     plan: dict[str, Any] = {}
     for flag, value in args.items():
         if flag in _PLAN_FLAGS:
@@ -283,7 +298,27 @@ def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
             origin, "--nproc-per-node", args["--nproc-per-node"]
         )
     plan.update(_megatron_precision(args, origin))
-    return {"model": _megatron_model(args, origin), "plan": plan}
+    _shard_group(args, plan, origin)
+    reader = recipe_moe.Reader(origin, lambda _key, flag: (flag, args[flag]) if flag in args else None, "flags")
+    return _with_moe(reader, _megatron_model(args, origin), plan)
+
+
+def _shard_group(args: dict[str, str | None], plan: dict[str, Any], origin: str) -> None:
+    """``--num-distributed-optimizer-instances N``: the optimizer sharded over ``dp * cp / N`` ranks."""
+    flag = "--num-distributed-optimizer-instances"
+    if flag not in args:
+        return
+    instances = _int_arg(origin, flag, args[flag])
+    if instances == 1:
+        return
+    if plan.get("zero") != 1:
+        raise _fail(origin, flag, "needs --use-distributed-optimizer (the instances are its copies)")
+    if "n_gpus" not in plan:
+        raise _fail(origin, flag, "needs the GPU count (--nnodes and --nproc-per-node) to size each instance")
+    ranks = plan["n_gpus"] // (plan.get("tp", 1) * plan.get("pp", 1))  # dp * cp
+    if plan["n_gpus"] % (plan.get("tp", 1) * plan.get("pp", 1)) or ranks % instances:
+        raise _fail(origin, flag, f"{instances} must divide the data-parallel ranks dp*cp = {ranks}")
+    plan["shard_group"] = ranks // instances
 
 
 def _megatron_precision(args: dict[str, str | None], origin: str) -> dict[str, str]:

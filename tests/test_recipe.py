@@ -147,7 +147,10 @@ def test_every_alias_and_switch_is_a_cli_option():
 @pytest.mark.parametrize(
     ("text", "fragments"),
     [
-        ("model:\n  num_moe_experts: 8\n", ["model.num_moe_experts", "mixture-of-experts"]),
+        (
+            "model:\n  num_micro_batches_with_partial_activation_checkpoints: 2\n",
+            ["model.num_micro_batches_with_partial_activation_checkpoints", "partial"],
+        ),
         ("model:\n  tensor_model_parallel_size: ${oc.env:TP}\n", ["model.tensor_model_parallel_size", "interpolation"]),
         ("model:\n  tensor_model_parallel_size: two\n", ["model.tensor_model_parallel_size", "positive integer"]),
         (
@@ -171,8 +174,8 @@ def test_recipe_refusals_are_one_line(tmp_path, text, fragments):
 def test_argument_list_refusals_and_missing_values(tmp_path):
     base = ["evaluate", "--gpu", "h100-sxm-80gb", "--model", "llama2-7b"]
     moe = tmp_path / "moe.txt"
-    moe.write_text("--num-experts 8 --tensor-model-parallel-size 2")
-    assert_user_error(run([*base, "--gpus", "8", "--global-batch", "8", "--recipe", moe]), "--num-experts", "mixture")
+    moe.write_text("--num-experts 8 --ffn-hidden-size 64 --expert-model-parallel-size 8 --tensor-model-parallel-size 2")
+    assert_user_error(run([*base, "--gpus", "8", "--global-batch", "8", "--recipe", moe]), "allgather")
     empty = tmp_path / "empty.txt"
     empty.write_text("just words\n")
     assert_user_error(run([*base, "--gpus", "8", "--global-batch", "8", "--recipe", empty]), "no --flag arguments")

@@ -73,7 +73,9 @@ def configuration(
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
     dims["head_dim"] = head_dim
     dims = {k: v for k, v in {**dims, "mlp": mlp, "tied_embeddings": tied_embeddings}.items() if v is not None}
-    check_model(catalog, model, dims)
+    extra = rest.pop("model_extra", None) or {}
+    check_model(catalog, model, dims, extra)
+    dims.update(extra)
     try:
         return api.configure(
             model=model if model is not None else dims,

@@ -63,8 +63,11 @@ def pairs(flag: str, items: list[str], sep: str, example: str) -> dict[str, str]
     return out
 
 
-def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(label, model entry) from ``--model KEY|config.json`` or from dimensions, with flag errors."""
+def check_model(
+    catalog, model: str | None, given: dict[str, Any], extra: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """(label, model entry) from ``--model KEY|config.json`` or from dimensions, with flag errors;
+    ``extra``: a recipe's optional model fields (experts, MLA ranks), checked by the catalog schema."""
     if model is not None:
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
@@ -80,7 +83,7 @@ def check_model(catalog, model: str | None, given: dict[str, Any]) -> tuple[str,
             positive(f"--{key.replace('_', '-')}", value)
     if given.get("mlp", "gated") not in ("gated", "plain"):
         raise ValueError(f"--mlp must be one of gated, plain; got {given['mlp']!r}")
-    entry = model_from_dims(**given)
+    entry = model_from_dims(**given, **(extra or {}))
     return entry["name"], entry
 
 
@@ -110,8 +113,11 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
     model = recipe["model"] if not given("model") else {}
     if model and "vocab" not in model and not given("vocab"):
         raise ValueError(f"--recipe {path}: the file names no vocabulary size; give --vocab N")
+    # The catalog's optional model fields (experts, MLA ranks, ...) have no flags: they ride along.
+    extra = {k: v for k, v in model.items() if k not in MODEL_OPTIONS and k != "tied_embeddings"}
+    options["model_extra"] = extra
     for name, value in {**plan, **model}.items():
-        if not given(name):
+        if name not in extra and not given(name):
             options[name] = value
     return options
 
