@@ -41,8 +41,8 @@ from .planhelp import (
     _LAYOUT_NAME,
     _MLA_HELP,
     _MLA_NAME,
-    _SHARD_HELP,
-    _SHARD_NAME,
+    _SG_HELP,
+    _SG_NAME,
     _Z3P,
 )
 from .types import (
@@ -406,7 +406,9 @@ FIELDS: tuple[PlanField, ...] = (
         help="ZeRO-3 reuse distance in 1e6 parameters (DeepSpeed's stage3_max_reuse_distance; 0: FSDP).",
     ),
     PlanField("fragmentation", "float", 0.0, _FRAG_NAME, "1", lo=0.0, hi=0.9, help=_FRAG_HELP),
-    PlanField("shard_group", "int", 0, _SHARD_NAME, lo=0, hi=MAX_GPUS, zero_means="all", help=_SHARD_HELP),
+    PlanField(
+        "shard_group", "int", 0, _SG_NAME, label="sg", axis=True, lo=0, hi=MAX_GPUS, zero_means="all", help=_SG_HELP
+    ),
     PlanField(
         "zero3_prefetch", "bool", True, "ZeRO-3 gathers the next weights while the current ones compute", help=_Z3P
     ),

@@ -30,6 +30,6 @@ _MLA_HELP = (
     "Selective recomputation of Megatron-Core's --recompute-modules mla_up_proj: MLA's query and key/value up "
     "projections and RoPE are recomputed in the backward and their outputs not stored (no effect without MLA)."
 )
-_SHARD_NAME = "data-parallel ranks a ZeRO / FSDP shard group spans (hybrid sharding)"
-_SHARD_HELP = ("Hybrid sharding: ZeRO / FSDP states sharded over groups of this many adjacent data-parallel "
+_SG_NAME = "data-parallel ranks a ZeRO / FSDP shard group spans (hybrid sharding)"
+_SG_HELP = ("Hybrid sharding: ZeRO / FSDP states sharded over groups of this many adjacent data-parallel "
                "ranks, replicated across the groups (FSDP HYBRID_SHARD, FSDP2 replicate x shard); 0: all.")  # fmt: skip

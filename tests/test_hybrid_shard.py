@@ -66,3 +66,27 @@ def test_a_shard_group_that_does_not_divide_the_ranks_is_flagged(catalog, cal):
     out = _run(catalog, cal, **SEVEN_B, zero=3, shard_group=3)
     assert int(out.infeasible) & int(Infeasible.SHARD_GROUP)
     assert not int(_run(catalog, cal, **SEVEN_B, zero=3, shard_group=8).infeasible) & int(Infeasible.SHARD_GROUP)
+
+
+def test_shard_group_is_a_sweep_axis(catalog, cal, tmp_path):
+    """A study lists shard groups like any plan axis: the dataset holds one configuration per group,
+    each the configuration evaluated alone, with a group that does not divide the ranks flagged
+    (an infeasible point of a search is data)."""
+    import xarray as xr
+
+    from dse import sweep
+
+    study = tmp_path / "hsdp.toml"
+    study.write_text(
+        'name = "hsdp"\nobjectives = ["time_to_train_s"]\n[model]\nkey = "llama2-7b"\n'
+        '[hardware]\ngpu = "h100-sxm-80gb"\nn_gpus = 128\n'
+        '[plan]\ntp = 1\npp = 1\nmicro_batch = 2\nzero = 3\nstack = "fsdp"\nshard_group = [0, 3, 8, 16]\n'
+        "global_batch = 256\nseq_len = 4096\ntrain_tokens = 1.0e11\n"
+    )
+    with xr.open_dataset(sweep.run_sweep(study, tmp_path / "out", progress=False)) as ds:
+        groups = ds["shard_group"].values.tolist()
+        assert sorted(groups) == [0, 3, 8, 16]
+        for i, group in enumerate(groups):
+            alone = _run(catalog, cal, gpu="h100-sxm-80gb", **SEVEN_B, zero=3, shard_group=group)
+            assert float(ds["step_time_s"][i]) == pytest.approx(float(alone.step_time_s), rel=1e-5)
+            assert bool(int(ds["infeasible"][i]) & int(Infeasible.SHARD_GROUP)) == (group == 3)

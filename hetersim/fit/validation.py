@@ -193,10 +193,11 @@ def _interval(rows: Sequence[Row], catalog, pred: np.ndarray, model):
 
 
 def _layout(f: Mapping[str, str]) -> str:
-    names = ("tp", "pp", "vp", "dp", "cp", "ep", "etp", "zero", "micro_batch", "global_batch")
-    names = tuple(k for k in names if k in f)  # ep, etp: mixture-of-experts runs only
+    names = ("tp", "pp", "vp", "dp", "cp", "ep", "etp", "zero", "shard_group", "micro_batch", "global_batch")
+    names = tuple(k for k in names if k in f)  # ep, etp: mixture-of-experts runs only; shard_group where given
     values = {k: int(f[k]) if f[k] else planfields.DEFAULTS[k] for k in names}
-    return planfields.layout_label(values, names, sep="-", omit_defaults=("vp", "cp", "ep", "etp", "zero"))
+    omit = ("vp", "cp", "ep", "etp", "zero", "shard_group")
+    return planfields.layout_label(values, names, sep="-", omit_defaults=omit)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
