@@ -25,6 +25,7 @@ import numpy as np
 from .planhelp import (
     _DISP_NAME,
     _EP_ALIAS,
+    _EPO_ALIAS,
     _EPO_HELP,
     _EPO_NAME,
     _ETP_ALIAS,
@@ -220,7 +221,7 @@ FIELDS: tuple[PlanField, ...] = (
     # ranks regrouped for the MoE layers as etp*ep*edp (edp = tp*cp*dp / (ep*etp)).
     PlanField("ep", "int", 1, "expert-parallel size", label="ep", axis=True, hi=MAX_GPUS, aliases=_EP_ALIAS),
     PlanField("etp", "int", 1, "expert tensor-parallel size", label="etp", axis=True, hi=MAX_GPUS, aliases=_ETP_ALIAS),
-    PlanField("ep_overlap", "bool", False, _EPO_NAME, label="epo", axis=True, help=_EPO_HELP),
+    PlanField("ep_overlap", "bool", False, _EPO_NAME, label="epo", axis=True, help=_EPO_HELP, aliases=_EPO_ALIAS),
     PlanField("dispatcher", "choice", "alltoall", _DISP_NAME, label="disp", axis=True, options=Dispatcher),
     PlanField("moe_imbalance", "float", 1.0, _IMB_NAME, hi=1.0e3, help=_IMB_HELP),
     PlanField("mla_up_proj", "bool", False, _MLA_NAME, help=_MLA_HELP),

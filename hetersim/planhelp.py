@@ -15,6 +15,7 @@ _FP8A_HELP = ("Attention in FP8 (Megatron's fp8_dot_product_attention, cuDNN's F
               "backward ignores a sliding window (NVIDIA/cudnn-frontend's benchmark); off: 16-bit.")  # fmt: skip
 _ETP_ALIAS = ("--expert-tensor-parallel-size",)
 _EPO_NAME = "expert-parallel all-to-all overlapped with another micro-batch's compute"
+_EPO_ALIAS = ("--overlap-moe-expert-parallel-comm",)
 _EPO_HELP = "Megatron-Core's overlap_moe_expert_parallel_comm (1F1B all-to-all overlap); off by default as there."
 _DISP_NAME = "MoE token dispatcher (alltoall: every copy over NCCL; deepep: once per node, then NVLink)"
 _IMB_NAME = "routed tokens of the busiest expert-parallel rank / the mean"

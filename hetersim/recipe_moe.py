@@ -244,7 +244,7 @@ def plan_fields(r: Reader, plan: dict[str, Any], moe: bool) -> dict[str, Any]:
         out.update(_dispatcher(r, plan))
         out.update(_capacity(r))
         if r.switch("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm"):
-            out["ep_overlap"] = True
+            out["ep_overlap"] = True  # (the flag is also the registry's alias of ep_overlap)
     if plan.get("recompute") == "selective":  # Megatron reads the modules only then
         out.update(_recompute_modules(r))
     return out
