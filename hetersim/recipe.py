@@ -26,6 +26,16 @@ Formats, with where their keys are defined:
   ``mcore_distributed_optim``, as in ``conf/training/mixtral/mixtral_8x7b.yaml`` there, are the
   distributed optimizer). A file whose top level is
   ``training:`` (the launcher's group) is read inside it.
+* **Megatron-Bridge config** (``.yaml`` with a ``train:`` section): the ``ConfigContainer`` layout
+  of NVIDIA-NeMo/Megatron-Bridge (``src/megatron/bridge/training/config.py`` @ 067f987df), as a
+  run's saved config or an override file such as ``tutorials/recipes/llama/conf/
+  llama32_1b_pretrain.yaml`` there writes it. ``model`` holds Megatron-Core ``TransformerConfig``
+  names (the parallel sizes, ``seq_length``, ``num_layers``, ``hidden_size``, ...,
+  ``gated_linear_unit``, ``recompute_granularity`` / ``_method`` / ``_modules``, the MoE keys);
+  ``train`` the batch sizes; ``optimizer`` / ``ddp`` ``use_distributed_optimizer``;
+  ``mixed_precision`` a recipe name of ``training/mixed_precision.py`` there (``bf16_mixed``,
+  ``bf16_with_mxfp8_mixed``, ...). It names no GPU count: give ``--gpus``. An override file gives
+  only what it changes; the model then comes from ``--model``.
 * **Megatron-LM argument list** (any other file): the ``--flag value`` arguments of
   ``pretrain_gpt.py`` as a launch script passes them (backslash continuations and ``#``
   comments allowed), with Megatron's names (``megatron/training/arguments.py``); the GPU count
@@ -110,7 +120,8 @@ def read_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
         hint = "give a NeMo recipe .yaml or a Megatron argument list"
         raise ValueError(f"{origin}: cannot be read ({reason}); {hint}") from None
     if path.suffix.lower() in (".yaml", ".yml"):
-        return _from_nemo(_load_yaml(text, origin), origin)
+        data = _load_yaml(text, origin)
+        return _from_bridge(data, origin) if "train" in data else _from_nemo(data, origin)
     return _from_megatron(text, origin)
 
 
@@ -134,8 +145,13 @@ def _load_yaml(text: str, origin: str) -> dict[str, Any]:
         raise ValueError(f"{origin}: not valid YAML{where}") from None
     if isinstance(data, dict) and "model" not in data and isinstance(data.get("training"), dict):
         data = data["training"]
+    if isinstance(data, dict) and "train" in data:
+        return data  # a Megatron-Bridge ConfigContainer: its sections are checked where they are read
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise ValueError(f"{origin}: expected a NeMo training config with a 'model' section (and 'trainer')")
+        raise ValueError(
+            f"{origin}: expected a NeMo training config with a 'model' section (and 'trainer'), "
+            "or a Megatron-Bridge config with 'model' and 'train'"
+        )
     return data
 
 
@@ -165,7 +181,8 @@ def _from_nemo(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
         plan[field] = _value(origin, f"model.{key}", raw, kind)
     if "seq_len" not in plan and isinstance(m.get("data"), dict) and m["data"].get("seq_length") is not None:
         plan["seq_len"] = _value(origin, "model.data.seq_length", m["data"]["seq_length"], "int")
-    _nemo_recompute(m, plan, origin)
+    keys = ("model.activations_checkpoint_granularity", "model.activations_checkpoint_method")
+    _check_recompute(origin, plan.get("recompute"), m.get("activations_checkpoint_method"), keys)
     _nemo_refusals(m, origin)
     _nemo_hardware(data, m, plan, origin)
     model = _nemo_model(m, origin)
@@ -180,18 +197,13 @@ def _with_moe(reader: recipe_moe.Reader, model: dict[str, Any], plan: dict[str, 
     return {"model": {**model, **extra}, "plan": plan}
 
 
-def _nemo_recompute(m: dict[str, Any], plan: dict[str, Any], origin: str) -> None:
-    granularity = plan.get("recompute")
+def _check_recompute(origin: str, granularity: Any, method: Any, keys: tuple[str, str]) -> None:
+    """The recomputation a file gives: selective, full or none; full on only some layers (the
+    ``block`` method) is not modelled. ``keys``: how the file names granularity and method."""
     if granularity is not None and granularity not in ("selective", "full"):
-        raise _fail(
-            origin, "model.activations_checkpoint_granularity", f"must be selective, full or null; got {granularity!r}"
-        )
-    if granularity == "full" and m.get("activations_checkpoint_method") == "block":
-        raise _fail(
-            origin,
-            "model.activations_checkpoint_method",
-            "block (only some layers recomputed) is not modelled; use uniform",
-        )
+        raise _fail(origin, keys[0], f"must be selective or full; got {granularity!r}")
+    if granularity == "full" and method == "block":
+        raise _fail(origin, keys[1], "block (only some layers recomputed) is not modelled; use uniform")
 
 
 def _nemo_refusals(m: dict[str, Any], origin: str) -> None:
@@ -237,6 +249,92 @@ def _nemo_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
             origin, "model.share_embeddings_and_output_weights", m["share_embeddings_and_output_weights"], "bool"
         )
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron-Bridge ConfigContainer YAML
+# --------------------------------------------------------------------------------------------
+
+# ``model.*`` (Megatron-Core TransformerConfig / ModelParallelConfig names) and ``train.*`` -> plan fields.
+BRIDGE_PLAN_KEYS = {
+    "model.tensor_model_parallel_size": "tp",
+    "model.pipeline_model_parallel_size": "pp",
+    "model.virtual_pipeline_model_parallel_size": "vp",
+    "model.context_parallel_size": "cp",
+    "model.expert_model_parallel_size": "ep",
+    "model.expert_tensor_parallel_size": "etp",
+    "model.sequence_parallel": "sp",
+    "model.seq_length": "seq_len",
+    "model.recompute_granularity": "recompute",
+    "train.micro_batch_size": "micro_batch",
+    "train.global_batch_size": "global_batch",
+}
+BRIDGE_MODEL_KEYS = {**NEMO_MODEL_KEYS, "vocab_size": "vocab"}
+# Megatron-Bridge's mixed-precision recipes (training/mixed_precision.py @ 067f987df): the GEMM
+# precision each name runs, read from its name (bf16_with_mxfp8_mixed -> mxfp8, ...).
+BRIDGE_PRECISION_WORDS = (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8", "fp8"), ("bf16", "bf16"), ("fp16", "fp16"))
+
+
+def _from_bridge(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
+    names = ("model", "train", "optimizer", "ddp", "dataset")
+    sections = {name: {} if data.get(name) is None else data[name] for name in names}
+    for name, section in sections.items():
+        if not isinstance(section, dict):
+            raise _fail(origin, name, f"must be a section of keys; got {section!r}")
+    m = sections["model"]
+    plan: dict[str, Any] = {}
+    for dotted, field in BRIDGE_PLAN_KEYS.items():
+        section, key = dotted.split(".")
+        raw = sections[section].get(key)
+        if raw is not None:
+            kind = "bool" if field == "sp" else "str" if field == "recompute" else "int"
+            plan[field] = _value(origin, dotted, raw, kind)
+    if "seq_len" not in plan and sections["dataset"].get("seq_length") is not None:
+        plan["seq_len"] = _value(origin, "dataset.seq_length", sections["dataset"]["seq_length"], "int")
+    keys = ("model.recompute_granularity", "model.recompute_method")
+    _check_recompute(origin, plan.get("recompute"), m.get("recompute_method"), keys)
+    for section in ("optimizer", "ddp"):
+        if sections[section].get("use_distributed_optimizer") is True:
+            plan["zero"] = 1
+    instances = sections["ddp"].get("num_distributed_optimizer_instances")
+    if instances not in (None, 1):
+        raise _fail(
+            origin, "ddp.num_distributed_optimizer_instances", "the file names no GPU count; give --shard-group"
+        )
+    plan.update(_bridge_precision(data, m, origin))
+    model = {
+        dim: _value(origin, f"model.{k}", m[k], "int") for k, dim in BRIDGE_MODEL_KEYS.items() if m.get(k) is not None
+    }
+    if m.get("gated_linear_unit") is not None:
+        model["mlp"] = "gated" if _value(origin, "model.gated_linear_unit", m["gated_linear_unit"], "bool") else "plain"
+    if m.get("share_embeddings_and_output_weights") is not None:
+        key = "model.share_embeddings_and_output_weights"
+        model["tied_embeddings"] = _value(origin, key, m["share_embeddings_and_output_weights"], "bool")
+    reader = recipe_moe.Reader(origin, lambda key, _flag: (f"model.{key}", m[key]) if key in m else None, "config")
+    return _with_moe(reader, model, plan)
+
+
+def _bridge_precision(data: dict[str, Any], m: dict[str, Any], origin: str) -> dict[str, str]:
+    """``mixed_precision`` (a recipe name), else the model's ``fp4`` / ``fp8`` (with ``fp8_recipe``),
+    ``bf16`` and ``fp16`` switches."""
+    name = data.get("mixed_precision")
+    if isinstance(name, str):
+        for word, precision in BRIDGE_PRECISION_WORDS:
+            if word in name.replace("-", "_").split("_"):
+                return {"precision": precision}
+        raise _fail(
+            origin, "mixed_precision", f"{name!r}: expected a recipe such as bf16_mixed or bf16_with_mxfp8_mixed"
+        )
+    if name is not None and not isinstance(name, dict):
+        raise _fail(origin, "mixed_precision", f"must be a recipe name or a section; got {name!r}")
+    if m.get("fp4"):
+        return {"precision": "nvfp4"}
+    if m.get("fp8"):
+        return {"precision": "mxfp8" if m.get("fp8_recipe") == "mxfp8" else "fp8"}
+    for key in ("bf16", "fp16"):
+        if m.get(key) is True:
+            return {"precision": key}
+    return {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,10 +387,8 @@ def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
         elif flag in _SWITCH_FLAGS:
             f, fixed = _SWITCH_FLAGS[flag]
             plan[f.name] = fixed
-    if plan.get("recompute") not in (None, "selective", "full"):
-        raise _fail(origin, "--recompute-granularity", f"must be selective or full; got {plan['recompute']!r}")
-    if plan.get("recompute") == "full" and args.get("--recompute-method") == "block":
-        raise _fail(origin, "--recompute-method", "block (only some layers recomputed) is not modelled; use uniform")
+    keys = ("--recompute-granularity", "--recompute-method")
+    _check_recompute(origin, plan.get("recompute"), args.get("--recompute-method"), keys)
     if "--nnodes" in args and "--nproc-per-node" in args:
         plan["n_gpus"] = _int_arg(origin, "--nnodes", args["--nnodes"]) * _int_arg(
             origin, "--nproc-per-node", args["--nproc-per-node"]

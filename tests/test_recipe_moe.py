@@ -227,3 +227,87 @@ def test_moe_recipe_errors_reach_the_user_in_one_line(tmp_path):
     )
     args = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8", "--vocab", "1000"]
     assert_user_error(run([*args, "--recipe", topk]), "top_k")
+
+
+# Qwen3-30B-A3B as a Megatron-Bridge ConfigContainer YAML writes it (src/megatron/bridge/training/
+# config.py @ 067f987df: model = Megatron-Core TransformerConfig names, train = batch sizes, ddp /
+# optimizer use_distributed_optimizer, mixed_precision a training/mixed_precision.py recipe name);
+# the dimensions are the catalog entry's (Qwen/Qwen3-30B-A3B config.json).
+QWEN3_BRIDGE = """\
+model:
+  num_layers: 48
+  hidden_size: 2048
+  ffn_hidden_size: 6144
+  num_attention_heads: 32
+  num_query_groups: 4
+  kv_channels: 128
+  vocab_size: 151936
+  gated_linear_unit: true
+  share_embeddings_and_output_weights: false
+  seq_length: 4096
+  tensor_model_parallel_size: 1
+  pipeline_model_parallel_size: 2
+  virtual_pipeline_model_parallel_size: 12
+  context_parallel_size: 1
+  expert_model_parallel_size: 8
+  sequence_parallel: false
+  num_moe_experts: 128
+  moe_router_topk: 8
+  moe_ffn_hidden_size: 768
+  moe_token_dispatcher_type: alltoall
+  recompute_granularity: null
+train:
+  micro_batch_size: 1
+  global_batch_size: 512
+  train_iters: 100
+optimizer:
+  use_distributed_optimizer: true
+  lr: 3.0e-4
+ddp:
+  use_distributed_optimizer: true
+  num_distributed_optimizer_instances: 1
+mixed_precision: bf16_with_mxfp8_mixed
+"""
+
+
+def test_a_megatron_bridge_config_is_the_catalog_model(tmp_path):
+    recipe = tmp_path / "qwen3_30b_a3b.yaml"
+    recipe.write_text(QWEN3_BRIDGE)
+    read = read_recipe(recipe)
+    assert (read["plan"]["precision"], read["plan"]["zero"], read["plan"]["etp"]) == ("mxfp8", 1, 1)
+    args = ["evaluate", "--gpu", "b200", "--gpus", "16"]
+    native = (
+        "--model qwen3-30b-a3b --tp 1 --pp 2 --vp 12 --ep 8 --zero 1 --no-sp --micro-batch 1 --global-batch 512"
+        " --seq-len 4096 --precision mxfp8"
+    ).split()
+    _same(run_json([*args, "--recipe", recipe]), run_json([*args, *native]))
+    # An override file gives only what it changes: the model then comes from --model.
+    override = tmp_path / "override.yaml"
+    override.write_text("model:\n  tensor_model_parallel_size: 2\ntrain:\n  micro_batch_size: 2\n")
+    assert read_recipe(override) == {"model": {}, "plan": {"tp": 2, "micro_batch": 2}}
+    override.write_text("train:\n  global_batch_size: 64\n")  # no model section at all
+    assert read_recipe(override) == {"model": {}, "plan": {"global_batch": 64}}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("model: {}\ntrain: {}\nmixed_precision: int3_mixed\n", ["mixed_precision", "bf16_mixed"]),
+        ("model: {}\ntrain: {}\nddp:\n  num_distributed_optimizer_instances: 2\n", ["ddp.num_distributed", "--shard"]),
+        ("model: {}\ntrain:\n  micro_batch_size: 0\n", ["train.micro_batch_size", "positive integer"]),
+        ("model: {}\ntrain: []\n", ["train", "must be a section"]),
+        ("model: 5\ntrain: {}\n", ["model", "must be a section"]),
+        ("model: {}\ntrain: {}\noptimizer: 3\n", ["optimizer", "section"]),
+        (
+            "model:\n  recompute_granularity: full\n  recompute_method: block\ntrain: {}\n",
+            ["model.recompute_method", "block"],
+        ),
+    ],
+)
+def test_megatron_bridge_refusals(tmp_path, text, fragments):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ValueError) as caught:
+        read_recipe(recipe)
+    for fragment in fragments:
+        assert fragment in str(caught.value)
