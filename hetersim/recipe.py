@@ -36,6 +36,9 @@ Formats, with where their keys are defined:
   ``mixed_precision`` a recipe name of ``training/mixed_precision.py`` there (``bf16_mixed``,
   ``bf16_with_mxfp8_mixed``, ...). It names no GPU count: give ``--gpus``. An override file gives
   only what it changes; the model then comes from ``--model``.
+* **DeepSpeed config** (``.json``): ``ds_config.json``'s ZeRO stage, offload, batch sizes,
+  precision and reduction dtype under the ``deepspeed`` stack (:mod:`hetersim.recipe_ds`); it
+  names no model and no GPU count.
 * **Megatron-LM argument list** (any other file): the ``--flag value`` arguments of
   ``pretrain_gpt.py`` as a launch script passes them (backslash continuations and ``#``
   comments allowed), with Megatron's names (``megatron/training/arguments.py``); the GPU count
@@ -54,7 +57,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from . import recipe_moe
+from . import recipe_ds, recipe_moe
 from .planfields import FIELDS
 
 # Model dimensions: ``model_from_dims`` argument -> Megatron-LM flag (megatron/training/arguments.py).
@@ -119,10 +122,25 @@ def read_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
         reason = "no such file" if isinstance(error, FileNotFoundError) else type(error).__name__
         hint = "give a NeMo recipe .yaml or a Megatron argument list"
         raise ValueError(f"{origin}: cannot be read ({reason}); {hint}") from None
+    if path.suffix.lower() == ".json":
+        return _from_deepspeed(text, origin)
     if path.suffix.lower() in (".yaml", ".yml"):
         data = _load_yaml(text, origin)
         return _from_bridge(data, origin) if "train" in data else _from_nemo(data, origin)
     return _from_megatron(text, origin)
+
+
+def _from_deepspeed(text: str, origin: str) -> dict[str, dict[str, Any]]:
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{origin}: not valid JSON at line {error.lineno}") from None
+    if not recipe_ds.looks_like(data):
+        keys = ", ".join(sorted(recipe_ds.DS_KEYS))
+        raise ValueError(f"{origin}: expected a DeepSpeed config (a JSON object with any of {keys})")
+    return recipe_ds.read(data, origin)
 
 
 def _fail(origin: str, key: str, message: str) -> ValueError:

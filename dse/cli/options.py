@@ -110,6 +110,8 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
         return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
     plan = {("gpus" if k == "n_gpus" else k): v for k, v in recipe["plan"].items()}
+    if isinstance(plan.get("offload"), dict):  # --offload's STATE:TIER form
+        plan["offload"] = [f"{state}:{tier}" for state, tier in plan["offload"].items()]
     model = recipe["model"] if not given("model") else {}
     if model and "vocab" not in model and not given("vocab"):
         raise ValueError(f"--recipe {path}: the file names no vocabulary size; give --vocab N")

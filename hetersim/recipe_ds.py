@@ -1,0 +1,142 @@
+"""A DeepSpeed config (``ds_config.json``) read as a plan (:mod:`hetersim.recipe`): the run's
+ZeRO stage, offload, batch, precision and reduction settings, priced under the ``deepspeed``
+stack profile. Keys as deepspeedai/DeepSpeed @ edaa72212 ``docs/_pages/config-json.md`` defines
+them:
+
+* ``train_batch_size`` is the global batch and ``train_micro_batch_size_per_gpu`` the micro-batch;
+  ``gradient_accumulation_steps`` follows from them and the layout, so it is not read. A file that
+  gives no ``train_batch_size`` leaves the global batch to ``--global-batch``.
+* ``zero_optimization.stage``; ``offload_optimizer.device: cpu`` is ZeRO-Offload: the optimizer
+  states and the gradients live in host DRAM and the step runs on the CPU (DeepSpeed CPU-Adam);
+  ``offload_param.device: cpu`` (stage 3) adds the weights; ``nvme`` (ZeRO-Infinity's NVMe tier) is
+  refused: the model has no NVMe offload tier. ``stage3_max_reuse_distance`` (default 1e9) is the
+  plan's ``reuse_Mparams``; ``reduce_bucket_size`` its ``bucket_Mparams``.
+* Precision: ``bf16.enabled``, ``fp16.enabled`` (also ``amp`` and ``torch_autocast`` with its
+  ``dtype``); none enabled is fp32, as DeepSpeed then trains. ``communication_data_type: fp32`` or
+  ``fp32_allreduce: true`` reduces gradients in fp32 (``grad_reduce``).
+* ``tensor_parallel.autotp_size`` (AutoTP) is the tensor-parallel size.
+* ``"auto"`` (Hugging Face Trainer's placeholder, filled from its own arguments) is read as absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DS_KEYS = frozenset(
+    {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "zero_optimization",
+        "fp16",
+        "bf16",
+        "optimizer",
+    }
+)
+REUSE_DEFAULT = 1e9  # stage3_max_reuse_distance (config-json.md)
+OFFLOADED = {"offload_optimizer": ("optimizer", "grads"), "offload_param": ("params",)}
+
+
+def looks_like(data: Any) -> bool:
+    """A JSON object with any of DeepSpeed's top-level keys."""
+    return isinstance(data, dict) and bool(DS_KEYS & set(data))
+
+
+def read(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
+    """``{"model": {}, "plan": {...}}`` from a DeepSpeed config (a config names no model)."""
+    plan: dict[str, Any] = {"stack": "deepspeed"}
+    for key, field in (("train_batch_size", "global_batch"), ("train_micro_batch_size_per_gpu", "micro_batch")):
+        value = _count(data, key, origin)
+        if value is not None:
+            plan[field] = value
+    tp = _count(_section(data, "tensor_parallel", origin), "autotp_size", origin, "tensor_parallel.")
+    if tp is not None:
+        plan["tp"] = tp
+    plan.update(_zero(_section(data, "zero_optimization", origin), origin))
+    plan.update(_precision(data, origin))
+    comm = _given(data.get("communication_data_type"))
+    if comm is not None and comm not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"{origin}: communication_data_type: must be fp32, fp16 or bf16; got {comm!r}")
+    if comm == "fp32" or _given(data.get("fp32_allreduce")) is True:
+        plan["grad_reduce"] = "fp32"
+    elif comm is not None:
+        plan["grad_reduce"] = "model"
+    return {"model": {}, "plan": plan}
+
+
+def _given(value: Any) -> Any:
+    return None if value == "auto" else value
+
+
+def _section(data: dict[str, Any], key: str, origin: str, prefix: str = "") -> dict[str, Any]:
+    value = _given(data.get(key))
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{origin}: {prefix}{key}: must be an object of settings; got {value!r}")
+    return value
+
+
+def _count(data: dict[str, Any], key: str, origin: str, prefix: str = "", lo: int = 1) -> int | None:
+    value = _given(data.get(key))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < lo:
+        raise ValueError(f"{origin}: {prefix}{key}: must be an integer >= {lo}; got {value!r}")
+    return int(value)
+
+
+def _zero(z: dict[str, Any], origin: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    stage = _count(z, "stage", origin, "zero_optimization.", lo=0)
+    if stage is not None:
+        if stage > 3:
+            raise ValueError(f"{origin}: zero_optimization.stage: must be 0, 1, 2 or 3; got {stage}")
+        out["zero"] = stage
+    offload: dict[str, str] = {}
+    for key, states in OFFLOADED.items():
+        device = _given(_section(z, key, origin, "zero_optimization.").get("device"))
+        if device in (None, "none"):
+            continue
+        if device != "cpu":
+            why = "NVMe offload (ZeRO-Infinity) is not modelled" if device == "nvme" else "expected cpu, nvme or none"
+            raise ValueError(f"{origin}: zero_optimization.{key}.device: {device!r}: {why}")
+        if key == "offload_param" and out.get("zero") != 3:
+            raise ValueError(f"{origin}: zero_optimization.offload_param: needs stage 3 (DeepSpeed asserts it)")
+        offload.update(dict.fromkeys(states, "host-dram"))
+    if offload:
+        out["offload"] = offload
+    if out.get("zero") == 3:
+        reuse = _given(z.get("stage3_max_reuse_distance", REUSE_DEFAULT))
+        out["reuse_Mparams"] = _megaparams(reuse, origin, "zero_optimization.stage3_max_reuse_distance")
+    bucket = _given(z.get("reduce_bucket_size"))
+    if bucket is not None:
+        out["bucket_Mparams"] = _megaparams(bucket, origin, "zero_optimization.reduce_bucket_size")
+    return out
+
+
+def _megaparams(value: Any, origin: str, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e15:
+        raise ValueError(f"{origin}: {key}: must be a number of parameters; got {value!r}")
+    return float(value) / 1e6
+
+
+def _precision(data: dict[str, Any], origin: str) -> dict[str, str]:
+    enabled = {}
+    for key in ("bf16", "fp16", "amp", "torch_autocast"):
+        flag = _given(_section(data, key, origin).get("enabled", False))
+        if flag is None:
+            return {}  # "auto": Hugging Face Trainer decides
+        if not isinstance(flag, bool):
+            raise ValueError(f"{origin}: {key}.enabled: must be true or false; got {flag!r}")
+        enabled[key] = flag
+    if enabled["bf16"] and enabled["fp16"]:
+        raise ValueError(f"{origin}: bf16.enabled and fp16.enabled: both true; DeepSpeed takes one")
+    if enabled["torch_autocast"]:
+        dtype = data["torch_autocast"].get("dtype", "bfloat16")
+        if dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"{origin}: torch_autocast.dtype: must be bfloat16 or float16; got {dtype!r}")
+        return {"precision": "bf16" if dtype == "bfloat16" else "fp16"}
+    if enabled["bf16"]:
+        return {"precision": "bf16"}
+    return {"precision": "fp16" if enabled["fp16"] or enabled["amp"] else "fp32"}
