@@ -42,6 +42,7 @@ _EXPORTS = {
     "load_catalog": "hetersim.catalog",
     "PLAN_FIELDS": "hetersim.planfields",
     "Infeasible": "hetersim.types",
+    "read_recipe": "hetersim.recipe",
 }
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "load_catalog",
     "model_spec",
     "plan_spec",
+    "read_recipe",
     "simulate",
     "simulate_cluster",
     "system_spec",

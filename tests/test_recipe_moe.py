@@ -311,3 +311,16 @@ def test_megatron_bridge_refusals(tmp_path, text, fragments):
         read_recipe(recipe)
     for fragment in fragments:
         assert fragment in str(caught.value)
+
+
+def test_python_api_reads_a_recipe(tmp_path):
+    """hetersim.read_recipe + hetersim.evaluate: the same step as the CLI's --recipe."""
+    import hetersim
+
+    args = tmp_path / "deepseek_v3.sh"
+    args.write_text(DEEPSEEK_V3)
+    recipe = hetersim.read_recipe(args)
+    out = hetersim.evaluate(recipe["model"], "h100-sxm-80gb", **recipe["plan"])
+    cli = run_json(["evaluate", "--gpu", "h100-sxm-80gb", "--recipe", args])
+    assert float(out.step_time_s) == pytest.approx(cli["step_time_s"], rel=1e-6)
+    assert float(out.params) == pytest.approx(cli["params"], rel=1e-9)
