@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .hplan import parse_cluster_groups
-from .planfields import AUTO, DEFAULTS, resolve_sp
+from .planfields import AUTO, DEFAULTS, FIELDS, resolve_sp
 from .types import LOW_PRECISION, Attention, FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -476,8 +476,12 @@ def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:
-    """The options as given, with the registry's derived values filled in (dp, sp)."""
+    """The options as given, with the registry's derived values filled in (dp, sp) and a boolean
+    left unset shown as its default (``zero3_prefetch`` is on unless turned off)."""
     out = dict(plan)
+    for f in FIELDS:
+        if f.kind == "bool" and out.get(f.name) is None and isinstance(f.default, bool):
+            out[f.name] = f.default
     if out.get("dp") in (None, AUTO):
         out["dp"] = int(round(float(plan_s.dp)))
     out["sp"] = resolve_sp(out.get("sp"), plan.get("tp") or 1)

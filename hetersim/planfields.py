@@ -45,6 +45,7 @@ from .planhelp import (
     _SG_HELP,
     _SG_NAME,
     _Z3P,
+    _Z3P_NAME,
 )
 from .types import (
     Attention,
@@ -410,9 +411,7 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField(
         "shard_group", "int", 0, _SG_NAME, label="sg", axis=True, lo=0, hi=MAX_GPUS, zero_means="all", help=_SG_HELP
     ),
-    PlanField(
-        "zero3_prefetch", "bool", True, "ZeRO-3 gathers the next weights while the current ones compute", help=_Z3P
-    ),
+    PlanField("zero3_prefetch", "bool", True, _Z3P_NAME, help=_Z3P, off_flag="--no-zero3-prefetch"),
     PlanField("grad_reduce", "choice", "auto", _GR_NAME, label="gr", axis=True, options=GradReduce, help=_GR_HELP),
 )
 BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}

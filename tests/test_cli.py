@@ -289,3 +289,14 @@ def test_calibrate_writes_a_loadable_calibration(tmp_path):
     assert set(r["values"]) == set(BOUNDS)
     assert load_calibration(out) == pytest.approx(r["values"], rel=1e-5)
     assert r["start_values"] == load_calibration()
+
+
+def test_a_boolean_left_unset_reports_its_default_and_can_be_turned_off():
+    """zero3_prefetch is on by default: the reported plan says so (it said nothing, and the layout
+    label read "no-zero3_prefetch"), and --no-zero3-prefetch turns it off, each gather then waiting."""
+    base = ["evaluate", "--gpu", "a100-sxm-80gb", "--gpus", "8", "--model", "llama2-7b", "--global-batch", "8"]
+    on = run_json([*base, "--zero", "3"])
+    off = run_json([*base, "--zero", "3", "--no-zero3-prefetch"])
+    assert (on["plan"]["zero3_prefetch"], off["plan"]["zero3_prefetch"]) == (True, False)
+    assert off["step_time_s"] > on["step_time_s"]
+    assert on["step_time_s"] == run_json([*base, "--zero", "3", "--zero3-prefetch"])["step_time_s"]
