@@ -81,6 +81,15 @@ def _same(a: dict, b: dict) -> None:
         assert a[key] == b[key], key
 
 
+def assert_refused(path, fragments) -> None:
+    """read_recipe refuses the file in one message that starts with it and names every fragment."""
+    with pytest.raises(ValueError) as caught:
+        read_recipe(path)
+    assert str(caught.value).startswith(f"recipe {path}: ")
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
 def test_a_megatron_moe_argument_list_is_the_catalog_model(tmp_path):
     """DeepSeek-V3 by Megatron's flags: MLA, 3 leading dense layers, a shared expert, group-limited
     routing and one MTP module, the same parameters (671B) and step as the catalog entry."""
@@ -207,11 +216,7 @@ E = "--ffn-hidden-size 64 --num-experts 8"  # an MoE model: experts and their FF
 def test_moe_argument_list_refusals(tmp_path, text, fragments):
     args = tmp_path / "bad.txt"
     args.write_text(text)
-    with pytest.raises(ValueError) as caught:
-        read_recipe(args)
-    assert str(caught.value).startswith(f"recipe {args}: ")
-    for fragment in fragments:
-        assert fragment in str(caught.value)
+    assert_refused(args, fragments)
 
 
 def test_moe_recipe_errors_reach_the_user_in_one_line(tmp_path):
@@ -307,10 +312,7 @@ def test_a_megatron_bridge_config_is_the_catalog_model(tmp_path):
 def test_megatron_bridge_refusals(tmp_path, text, fragments):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(text)
-    with pytest.raises(ValueError) as caught:
-        read_recipe(recipe)
-    for fragment in fragments:
-        assert fragment in str(caught.value)
+    assert_refused(recipe, fragments)
 
 
 def test_python_api_reads_a_recipe(tmp_path):
