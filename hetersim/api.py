@@ -476,8 +476,8 @@ def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:
-    """The options as given, with the registry's derived values filled in (dp, sp) and a boolean
-    left unset shown as its default (``zero3_prefetch`` is on unless turned off)."""
+    """The options as given, with the registry's derived values filled in (dp, sp, cpu_optimizer)
+    and a boolean left unset shown as its default (``zero3_prefetch`` is on unless turned off)."""
     out = dict(plan)
     for f in FIELDS:
         if f.kind == "bool" and out.get(f.name) is None and isinstance(f.default, bool):
@@ -486,6 +486,8 @@ def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:
         out["dp"] = int(round(float(plan_s.dp)))
     out["sp"] = resolve_sp(out.get("sp"), plan.get("tp") or 1)
     out["offload"] = dict(out.get("offload") or {})
+    if out.get("cpu_optimizer") in (None, AUTO):  # the registry's rule: on when the optimizer is offloaded
+        out["cpu_optimizer"] = "optimizer" in out["offload"]
     return out
 
 

@@ -300,3 +300,6 @@ def test_a_boolean_left_unset_reports_its_default_and_can_be_turned_off():
     assert (on["plan"]["zero3_prefetch"], off["plan"]["zero3_prefetch"]) == (True, False)
     assert off["step_time_s"] > on["step_time_s"]
     assert on["step_time_s"] == run_json([*base, "--zero", "3", "--zero3-prefetch"])["step_time_s"]
+    # cpu_optimizer's rule (on when the optimizer is offloaded) is what the plan reports.
+    offload = run_json([*base, "--zero", "1", "--offload", "optimizer:host-dram"])
+    assert (on["plan"]["cpu_optimizer"], offload["plan"]["cpu_optimizer"]) == (False, True)
