@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .hplan import parse_cluster_groups
-from .planfields import AUTO, DEFAULTS, FIELDS, resolve_sp
+from .planfields import AUTO, DEFAULTS, FIELDS, resolve_cpu_optimizer, resolve_sp
 from .types import LOW_PRECISION, Attention, FieldError
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -486,8 +486,7 @@ def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:
         out["dp"] = int(round(float(plan_s.dp)))
     out["sp"] = resolve_sp(out.get("sp"), plan.get("tp") or 1)
     out["offload"] = dict(out.get("offload") or {})
-    if out.get("cpu_optimizer") in (None, AUTO):  # the registry's rule: on when the optimizer is offloaded
-        out["cpu_optimizer"] = "optimizer" in out["offload"]
+    out["cpu_optimizer"] = resolve_cpu_optimizer(out.get("cpu_optimizer"), "optimizer" in out["offload"])
     return out
 
 

@@ -438,6 +438,11 @@ def derived_dp(n_gpus, tp, pp, cp):
     return n_gpus / (tp * pp * cp)
 
 
+def resolve_cpu_optimizer(value, optimizer_offloaded: bool):
+    """``cpu_optimizer`` unset (``None`` / ``"auto"``): on when the optimizer states are offloaded."""
+    return optimizer_offloaded if value in (AUTO, None) else value
+
+
 def resolve_sp(sp, tp, xp=np):
     """Sequence parallelism: ``sp`` < 0 (or ``"auto"``/``None``) means on when ``tp > 1``.
 
@@ -575,8 +580,7 @@ def resolve(options: Mapping[str, Any]) -> dict[str, Any]:
         values["dp"] = dp
     values["sp"] = resolve_sp(values["sp"], values["tp"])
     offload = _offload_codes(values["offload"])
-    if values["cpu_optimizer"] in (AUTO, None):
-        values["cpu_optimizer"] = bool(offload[OffloadState.OPTIMIZER] > 0)
+    values["cpu_optimizer"] = resolve_cpu_optimizer(values["cpu_optimizer"], bool(offload[OffloadState.OPTIMIZER] > 0))
     values["offload"] = offload
     return values
 

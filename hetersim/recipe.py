@@ -190,22 +190,30 @@ def _value(origin: str, key: str, value: Any, kind: str) -> Any:
 
 def _from_nemo(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
     m = data["model"]
-    plan: dict[str, Any] = {}
-    for key, field in NEMO_PLAN_KEYS.items():
-        raw = m.get(key)
-        if raw is None:
-            continue
-        kind = "bool" if field == "sp" else "str" if field == "recompute" else "int"
-        plan[field] = _value(origin, f"model.{key}", raw, kind)
+    plan = _plan_values(origin, ((f"model.{key}", m.get(key), field) for key, field in NEMO_PLAN_KEYS.items()))
     if "seq_len" not in plan and isinstance(m.get("data"), dict) and m["data"].get("seq_length") is not None:
         plan["seq_len"] = _value(origin, "model.data.seq_length", m["data"]["seq_length"], "int")
     keys = ("model.activations_checkpoint_granularity", "model.activations_checkpoint_method")
     _check_recompute(origin, plan.get("recompute"), m.get("activations_checkpoint_method"), keys)
     _nemo_refusals(m, origin)
     _nemo_hardware(data, m, plan, origin)
-    model = _nemo_model(m, origin)
-    reader = recipe_moe.Reader(origin, lambda key, _flag: (f"model.{key}", m[key]) if key in m else None, "config")
-    return _with_moe(reader, model, plan)
+    return _with_moe(_config_reader(origin, m), _config_model(m, origin), plan)
+
+
+def _plan_values(origin: str, found) -> dict[str, Any]:
+    """Plan fields from ``(key as the file names it, raw value, field)`` triples, absent values
+    skipped, each checked for its kind (``sp`` a boolean, ``recompute`` a name, the rest counts)."""
+    plan: dict[str, Any] = {}
+    for key, raw, field in found:
+        if raw is not None:
+            kind = "bool" if field == "sp" else "str" if field == "recompute" else "int"
+            plan[field] = _value(origin, key, raw, kind)
+    return plan
+
+
+def _config_reader(origin: str, m: dict[str, Any]) -> recipe_moe.Reader:
+    """The expert keys of a config's ``model`` section (NeMo and Megatron-Bridge share the names)."""
+    return recipe_moe.Reader(origin, lambda key, _flag: (f"model.{key}", m[key]) if key in m else None, "config")
 
 
 def _with_moe(reader: recipe_moe.Reader, model: dict[str, Any], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -250,7 +258,9 @@ def _nemo_hardware(data: dict[str, Any], m: dict[str, Any], plan: dict[str, Any]
         plan["zero"] = 1  # the distributed optimizer: optimizer states sharded over DP (ZeRO-1)
 
 
-def _nemo_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
+def _config_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
+    """The dense dimensions of a config's ``model`` section (NeMo's keys; Megatron-Bridge's
+    TransformerConfig uses the same names)."""
     model = {
         dim: _value(origin, f"model.{key}", m[key], "int")
         for key, dim in NEMO_MODEL_KEYS.items()
@@ -273,21 +283,21 @@ def _nemo_model(m: dict[str, Any], origin: str) -> dict[str, Any]:
 # Megatron-Bridge ConfigContainer YAML
 # --------------------------------------------------------------------------------------------
 
-# ``model.*`` (Megatron-Core TransformerConfig / ModelParallelConfig names) and ``train.*`` -> plan fields.
+# (section, key) -> plan field: ``model`` in Megatron-Core TransformerConfig / ModelParallelConfig
+# names, ``train`` Megatron-Bridge's TrainingConfig.
 BRIDGE_PLAN_KEYS = {
-    "model.tensor_model_parallel_size": "tp",
-    "model.pipeline_model_parallel_size": "pp",
-    "model.virtual_pipeline_model_parallel_size": "vp",
-    "model.context_parallel_size": "cp",
-    "model.expert_model_parallel_size": "ep",
-    "model.expert_tensor_parallel_size": "etp",
-    "model.sequence_parallel": "sp",
-    "model.seq_length": "seq_len",
-    "model.recompute_granularity": "recompute",
-    "train.micro_batch_size": "micro_batch",
-    "train.global_batch_size": "global_batch",
+    ("model", "tensor_model_parallel_size"): "tp",
+    ("model", "pipeline_model_parallel_size"): "pp",
+    ("model", "virtual_pipeline_model_parallel_size"): "vp",
+    ("model", "context_parallel_size"): "cp",
+    ("model", "expert_model_parallel_size"): "ep",
+    ("model", "expert_tensor_parallel_size"): "etp",
+    ("model", "sequence_parallel"): "sp",
+    ("model", "seq_length"): "seq_len",
+    ("model", "recompute_granularity"): "recompute",
+    ("train", "micro_batch_size"): "micro_batch",
+    ("train", "global_batch_size"): "global_batch",
 }
-BRIDGE_MODEL_KEYS = {**NEMO_MODEL_KEYS, "vocab_size": "vocab"}
 # Megatron-Bridge's mixed-precision recipes (training/mixed_precision.py @ 067f987df): the GEMM
 # precision each name runs, read from its name (bf16_with_mxfp8_mixed -> mxfp8, ...).
 BRIDGE_PRECISION_WORDS = (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8", "fp8"), ("bf16", "bf16"), ("fp16", "fp16"))
@@ -300,13 +310,8 @@ def _from_bridge(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]
         if not isinstance(section, dict):
             raise _fail(origin, name, f"must be a section of keys; got {section!r}")
     m = sections["model"]
-    plan: dict[str, Any] = {}
-    for dotted, field in BRIDGE_PLAN_KEYS.items():
-        section, key = dotted.split(".")
-        raw = sections[section].get(key)
-        if raw is not None:
-            kind = "bool" if field == "sp" else "str" if field == "recompute" else "int"
-            plan[field] = _value(origin, dotted, raw, kind)
+    found = ((f"{sec}.{key}", sections[sec].get(key), field) for (sec, key), field in BRIDGE_PLAN_KEYS.items())
+    plan = _plan_values(origin, found)
     if "seq_len" not in plan and sections["dataset"].get("seq_length") is not None:
         plan["seq_len"] = _value(origin, "dataset.seq_length", sections["dataset"]["seq_length"], "int")
     keys = ("model.recompute_granularity", "model.recompute_method")
@@ -320,16 +325,10 @@ def _from_bridge(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]
             origin, "ddp.num_distributed_optimizer_instances", "the file names no GPU count; give --shard-group"
         )
     plan.update(_bridge_precision(data, m, origin))
-    model = {
-        dim: _value(origin, f"model.{k}", m[k], "int") for k, dim in BRIDGE_MODEL_KEYS.items() if m.get(k) is not None
-    }
-    if m.get("gated_linear_unit") is not None:
+    model = _config_model(m, origin)
+    if m.get("gated_linear_unit") is not None:  # TransformerConfig's switch in place of NeMo's activation name
         model["mlp"] = "gated" if _value(origin, "model.gated_linear_unit", m["gated_linear_unit"], "bool") else "plain"
-    if m.get("share_embeddings_and_output_weights") is not None:
-        key = "model.share_embeddings_and_output_weights"
-        model["tied_embeddings"] = _value(origin, key, m["share_embeddings_and_output_weights"], "bool")
-    reader = recipe_moe.Reader(origin, lambda key, _flag: (f"model.{key}", m[key]) if key in m else None, "config")
-    return _with_moe(reader, model, plan)
+    return _with_moe(_config_reader(origin, m), model, plan)
 
 
 def _bridge_precision(data: dict[str, Any], m: dict[str, Any], origin: str) -> dict[str, str]:

@@ -70,10 +70,14 @@ def sweep_command(
     return summary
 
 
+# The fields of a sweep's layout label (precision last), those a dataset lacks left out.
+_LAYOUT_FIELDS = ("tp", "pp", "vp", "cp", "dp", "ep", "etp", "ep_overlap", "micro_batch", "zero", "shard_group")
+_LAYOUT_FIELDS += ("recompute", "sp")
+
+
 def _layout(config: Mapping[str, Any]) -> str:
     """The registry's layout label of a configuration (``sp`` given as on/off in results)."""
-    names = ("tp", "pp", "vp", "cp", "dp", "ep", "etp", "ep_overlap", "micro_batch", "zero", "shard_group", "recompute")
-    names = (*(k for k in (*names, "sp") if k in config), "precision")
+    names = (*(k for k in _LAYOUT_FIELDS if k in config), "precision")
     bools = ("sp", "ep_overlap")
     values = {k: config[k] in ("on", True, 1) if k in bools else config[k] for k in names}
     return planfields.layout_label(values, names, omit_defaults=("ep", "etp", "ep_overlap", "shard_group"))
