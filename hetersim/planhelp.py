@@ -4,8 +4,9 @@ that each field stays one line of the registry. Nothing here imports JAX."""
 from __future__ import annotations
 
 _EP_ALIAS = ("--expert-model-parallel-size",)
-_Z3P = ("ZeRO-3 weight gathers overlap compute (FSDP prefetch, DeepSpeed >= 0.5); off: each gather waits (DeepSpeed "
-        "<= 0.4 synchronised the device before every parameter's all-gather, DeepSpeed PR 1188).")  # fmt: skip
+_Z3P = ("ZeRO-3 weight gathers overlap compute (FSDP prefetch, DeepSpeed >= 0.5); off: DeepSpeed <= 0.4, which "
+        "gathers and reduces one parameter tensor at a time through tensor-list collectives (a copy per rank), "
+        "synchronising the device before every gather (DeepSpeed PR 1188).")  # fmt: skip
 _Z3P_NAME = "ZeRO-3 gathers the next weights while the current ones compute"
 _GR_NAME = "dtype of the gradients on the wire (auto: the stack's)"
 _GR_HELP = "Gradient reduction dtype: auto (the stack's), fp32 (DeepSpeed fp32_allreduce), model (16-bit)."

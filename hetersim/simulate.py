@@ -33,7 +33,7 @@ from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload
 from .terms import goodput as goodput_terms
 from .terms._safe import pos, safe_div
-from .terms.dp import collective_parts, hidden_traffic_s, zero3_regather
+from .terms.dp import collective_parts, hidden_traffic_s, list_copy_s, param_tensors, zero3_regather
 from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible, Recompute
 from .units import HOUR, KWH, TFLOP, GiB
@@ -280,7 +280,9 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     root = jnp.where(jnp.asarray(1.0 if vocab_mats is None else vocab_mats) > 0, 1.0, 0.0)
 
     p_dense = memory.local_params(model, plan, pipe.layers, vocab_mats)
-    dense = collective_parts(net, plan, p_dense, n_dp, memory.zero_group(plan), s_dpg, pipe.layers + root)
+    tensors = param_tensors(model, pipe.layers, root)
+    n_shard = memory.zero_group(plan)
+    dense = collective_parts(net, plan, p_dense, n_dp, n_shard, s_dpg, pipe.layers + root, tensors=tensors)
     n_edp = memory.expert_dp(plan)
     if model.extra is None:
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = dense
@@ -316,7 +318,8 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
     # all-gather, partition_parameters.py @ 4601885 v0.3.12; "the async version is not async at
     # all", DeepSpeed PR 1188) every gather waits: only the gradients' reduce-scatter still hides.
     z3_pre = pos(ag_bw - win_f) + pos((1.0 + g) * ag_bw + rs_bw - win_b)
-    z3_wait = (2.0 + g) * ag_bw + pos(rs_bw - win_b)
+    copies = list_copy_s(system.device, cal, plan, p_dense, n_shard, tensors, 2.0 + g)
+    z3_wait = (2.0 + g) * ag_bw + pos(rs_bw - win_b) + copies
     z3_mb = jnp.where(plan.zero3_prefetch > 0, z3_pre, z3_wait) + (2.0 + g) * ag_lat + rs_lat
     stage = [plan.zero >= 3, plan.zero >= 1]
     dp = jnp.select(stage, [pipe.n_micro * z3_mb, dp_z12], dp_z0)

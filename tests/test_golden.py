@@ -261,6 +261,63 @@ def test_deepspeed_zero3_regathers_what_it_releases():
         build.plan_spec(reuse_Mparams=-1.0, **kw)
 
 
+def test_legacy_deepspeed_zero3_gathers_each_tensor_and_copies_per_rank(catalog, cal):
+    """DeepSpeed <= 0.4's ZeRO-3 (zero3_prefetch off) runs one all-gather and one reduce-scatter per
+    parameter tensor, whatever its size (not one per 50M bucket), each through PyTorch's
+    tensor-list collective, which copies the flat buffer out to (or in from) one view per rank:
+    a collective over twice the ranks issues twice the copies. With prefetch (FSDP, DeepSpeed >=
+    0.5) neither applies."""
+    import jax
+
+    from hetersim.simulate import simulate
+    from hetersim.terms import dp, memory
+
+    gpt = build.model_spec(
+        dict(
+            layers=96,
+            hidden=12288,
+            heads=96,
+            kv_heads=96,
+            ffn_hidden=49152,
+            vocab=51200,
+            mlp="plain",
+            tied_embeddings=True,
+        )
+    )
+    llama = build.model_spec(dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256))
+    # GPT (Megatron's modules): QKV, projection, two MLP matrices, their biases, two LayerNorms
+    # (weight, bias) per layer; word and position embeddings and the final LayerNorm at the root,
+    # the head tied. LLaMA: four matrices and two RMSNorm weights; embedding, final norm, head.
+    assert float(dp.param_tensors(gpt, 96.0, 1.0)) == 96 * 12 + 4
+    assert float(dp.param_tensors(llama, 32.0, 1.0)) == 32 * 6 + 3
+
+    kw = dict(tp=1, pp=1, zero=3, micro_batch=1, seq_len=2048, precision="fp16", recompute="full")
+    legacy = {n: build.plan_spec(n_gpus=n, global_batch=n, zero3_prefetch=False, **kw) for n in (768, 1536)}
+    modern = build.plan_spec(n_gpus=768, global_batch=768, **kw)
+    p = float(memory.local_params(gpt, modern))
+    tensors = 96 * 12 + 4
+    assert [float(x) for x in dp.dp_collectives(legacy[768], p, 768.0, 97.0, tensors)] == [tensors, tensors]
+    # With prefetch the count is the stack's (buckets, or FSDP units): the tensors do not enter.
+    assert [float(x) for x in dp.dp_collectives(modern, p, 768.0, 97.0, tensors)] == [
+        float(x) for x in dp.dp_collectives(modern, p, 768.0, 97.0)
+    ]
+
+    dev = catalog.gpu("a100-sxm-80gb")
+    s = build.system_spec(dev, catalog.links, 8, catalog.memory)
+    dev_spec = s.device
+    copies = {n: float(dp.list_copy_s(dev_spec, cal, plan, p, float(n), tensors, 2.0)) for n, plan in legacy.items()}
+    launches = {n: 3.0 * tensors * n * dp.COPY_LAUNCH_US * 1e-6 for n in legacy}
+    # Launch-bound at this size (the copied bytes take less): the launches plus the zero fill.
+    fill = copies[768] - launches[768]
+    assert 0.0 < fill < 0.2 * launches[768]
+    assert copies[1536] - copies[768] == pytest.approx(launches[1536] - launches[768], rel=1e-4)
+    assert float(dp.list_copy_s(dev_spec, cal, modern, p, 768.0, tensors, 2.0)) == 0.0
+    # In the step: the legacy gather path pays them on top of its transfers, exposed.
+    sim = jax.jit(simulate)
+    t = {n: float(sim(gpt, s, plan, cal).dp_comm_s) for n, plan in legacy.items()}
+    assert t[1536] - t[768] >= launches[1536] - launches[768]
+
+
 def test_deepspeed_zero3_holds_a_linear_and_a_reduce_bucket_not_a_layer(catalog, cal):
     """GPT 530B under ZeRO-3, fp16: FSDP holds two gathered layers and a layer of gradients,
     5.033e9 x (2 + 2 + 2) bytes; DeepSpeed the 1.678e9-weight first MLP matrix (h x 4h), the

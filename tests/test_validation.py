@@ -50,7 +50,11 @@ def test_step_time_error_is_bounded(report):
     # and the element-wise ops, not attention: terms/compute.op_sac_recompute_s), 8.6% before;
     # 8.5% since DeepSpeed's ZeRO-3 holds a Linear and a reduce bucket, not whole layers
     # (memory.zero3_gathered_bytes): Narayanan's 530B run fits at its own micro-batch 4 (8.9% before).
-    assert report["mape_step_time_pct"] <= 7.55
+    # 6.95% since DeepSpeed <= 0.4's ZeRO-3 gathers and reduces one parameter tensor at a time,
+    # each through a tensor-list collective that copies per rank (terms/dp.list_copy_s): Narayanan's
+    # ZeRO-3 rows no longer slow down as the ranks double (530B on 1120 -> 2240 GPUs +11 / +28%
+    # -> -14 / -21%; 175B -3 / -13 / -10% -> -2 / -8 / -0.5%); 7.08% before. The issue's target is 7%.
+    assert report["mape_step_time_pct"] <= 7.0
     # 3.3% since the constants are fitted per source (Narayanan's PTD-P runs, the complete ones,
     # carry 1/9 of the weight instead of 16/78); the issue's target is 10%.
     assert report["mape_step_time_pct_complete"] <= 3.5
@@ -59,7 +63,7 @@ def test_step_time_error_is_bounded(report):
     # context-parallel runs at 131k-262k tokens (cp 4-8), predicted 27-30% fast (33-36% before the
     # ring's own costs were priced): per attention FLOP they ran about 1.5x slower than the cp 1-2
     # rows of the same table, which no cost of PyTorch's ring that grows with cp reproduces; then
-    # Narayanan's ZeRO-3 530B run on 2240 GPUs (+27%) and the NeMo-Launcher 175B run (-24%).
+    # Megatron-LM's 32B weak-scaling row (+25%) and the NeMo-Launcher 175B run (-22%).
     assert report["max_abs_error_pct"] <= 31.0
 
 
@@ -73,7 +77,7 @@ def test_step_time_error_is_bounded(report):
         # when a fitted share of the forward TP collectives was hidden for every stack; the trust
         # issue's target is 4%.
         ("Korthikanti 2022", 6.6),
-        ("Narayanan SC'21", 6.5),  # 5.7% (7.3% with whole ZeRO-3 layers in HBM)
+        ("Narayanan SC'21", 5.0),  # 4.6% (5.2% before legacy ZeRO-3's per-tensor collectives)
         ("NVIDIA/Megatron-LM", 12.5),
         ("NVIDIA/NeMo", 6.5),  # 6.0% (5.1% before the stack profiles and attention by shape)
         # 8.9% since its async-TP rows (Tables 4-6) hide half their TP traffic (8.4% before);
