@@ -339,8 +339,15 @@ def test_deepspeed_zero3_holds_a_linear_and_a_reduce_bucket_not_a_layer(catalog,
     assert float(memory.largest_matrix_params(m)) == pytest.approx(big, rel=1e-6)
     assert float(memory.zero3_gathered_bytes(m, fsdp)) == pytest.approx(layer * 6.0, rel=1e-5)
     assert float(memory.zero3_gathered_bytes(m, ds)) == pytest.approx((big + 5.5e8) * 2 + (big + 5e8) * 2, rel=1e-5)
+    # DeepSpeed <= 0.4 runs each gather and reduction on a flat buffer beside the list of per-rank
+    # views: one more copy of that matrix (fp16 weights or gradients); it still fits.
+    old = build.plan_spec(recompute="full", reuse_Mparams=1000.0, zero3_prefetch=False, **kw)
+    assert float(memory.zero3_gathered_bytes(m, old)) == pytest.approx(
+        (big + 5.5e8) * 2 + (big + 5e8) * 2 + big * 2, rel=1e-5
+    )
     s = build.system_spec(catalog.gpu("a100-sxm-80gb"), catalog.links, 8, catalog.memory)
     assert int(sim(m, s, ds, cal).infeasible) == 0
+    assert int(sim(m, s, old, cal).infeasible) == 0
     assert int(sim(m, s, fsdp, cal).infeasible) != 0
     # A small layer is held whole either way, never more than two layers gathered and one of gradients.
     llama = build.model_spec(dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000))

@@ -327,13 +327,18 @@ def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
     0) holds the matrix computing (at most the largest), the weights it keeps for a use within
     the reuse distance (:func:`reuse_kept_params`) and the prefetch bucket, never more than two
     layers; and a reduce bucket of gradients with the largest matrix's arriving whole, never more
-    than a layer's."""
+    than a layer's. DeepSpeed <= 0.4 (``zero3_prefetch`` off) gathers and reduces each parameter
+    through a tensor-list collective, which runs on a flat buffer of the whole tensor beside the
+    list's own (ProcessGroupNCCL ``flatten_for_scatter_gather``, pytorch/pytorch @ 6f583bb56;
+    :func:`hetersim.terms.dp.list_copy_s`): one more copy of the largest matrix, its weights or its
+    gradients (each collective completes before the next gather, which synchronises the device)."""
     layer, big = layer_params(m) / plan.tp, largest_matrix_params(m) / plan.tp
     fsdp = layer * (2.0 * WEIGHT_BYTES + grad_bytes(plan))
     live = jnp.minimum(big + reuse_kept_params(plan) + DS_PREFETCH_PARAMS, 2.0 * layer)
     grads = jnp.minimum(big + DS_REDUCE_BUCKET_PARAMS, layer)
+    flat = jnp.where(plan.zero3_prefetch > 0, 0.0, big * jnp.maximum(WEIGHT_BYTES, grad_bytes(plan)))
     deepspeed = live * WEIGHT_BYTES + grads * grad_bytes(plan)
-    return jnp.where(plan.reuse_Mparams > 0, deepspeed, fsdp)
+    return jnp.where(plan.reuse_Mparams > 0, deepspeed, fsdp) + flat
 
 
 def buffer_bytes(m: ModelSpec, plan: Plan, logits_on=1.0):
