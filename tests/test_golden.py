@@ -272,18 +272,8 @@ def test_legacy_deepspeed_zero3_gathers_each_tensor_and_copies_per_rank(catalog,
     from hetersim.simulate import simulate
     from hetersim.terms import dp, memory
 
-    gpt = build.model_spec(
-        dict(
-            layers=96,
-            hidden=12288,
-            heads=96,
-            kv_heads=96,
-            ffn_hidden=49152,
-            vocab=51200,
-            mlp="plain",
-            tied_embeddings=True,
-        )
-    )
+    dims = dict(layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=51200)
+    gpt = build.model_spec({**dims, "mlp": "plain", "tied_embeddings": True})
     llama = build.model_spec(dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256))
     # GPT (Megatron's modules): QKV, projection, two MLP matrices, their biases, two LayerNorms
     # (weight, bias) per layer; word and position embeddings and the final LayerNorm at the root,
