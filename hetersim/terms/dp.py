@@ -41,12 +41,6 @@ def dp_bucket_params(plan: Plan, n_dp, grads: bool = False):
     return jnp.where(plan.bucket_Mparams > 0, plan.bucket_Mparams * 1e6, auto)
 
 
-def legacy_zero3(plan: Plan):
-    """True where ZeRO-3 runs as DeepSpeed <= 0.4 ran it (``zero3_prefetch`` off): each parameter
-    gathered on its own, after a device synchronisation (:func:`param_tensors`, :func:`list_copy_s`)."""
-    return (plan.zero >= 3) & (plan.zero3_prefetch <= 0)
-
-
 def param_tensors(m: ModelSpec, layers, root):
     """Parameter tensors of a stage of ``layers`` transformer layers and ``root`` (0/1) embedding
     and final-norm modules, as Megatron-LM's modules hold them: per layer four matrices (fused QKV,
@@ -65,7 +59,7 @@ def dp_collectives(plan: Plan, p_local, n_dp, units, tensors=None):
     ranks per pass: one per bucket (:func:`dp_bucket_params`) or, where the stack shards data
     parallelism by FSDP units (its ``fsdp_units``, at ZeRO 2 and 3, no ``bucket_Mparams`` given),
     one per unit: ``units``, the stage's transformer blocks and its root module. DeepSpeed <= 0.4's
-    ZeRO-3 (:func:`legacy_zero3`) runs one of each per parameter tensor (``tensors``), whatever
+    ZeRO-3 (:func:`memory.legacy_zero3`) runs one of each per parameter tensor (``tensors``), whatever
     its size: ``fetch_sub_module`` gathers a module's parameters with ``_all_gather(params,
     async_op=True)``, one ``_allgather_param`` each, and ``_reduce_scatter_gradients`` one
     ``_reduce_scatter_gradient`` per parameter (deepspeedai/DeepSpeed @ 4601885
@@ -77,12 +71,12 @@ def dp_collectives(plan: Plan, p_local, n_dp, units, tensors=None):
     n_ag, n_rs = jnp.where(per_unit, units, n_ag), jnp.where(per_unit, units, n_rs)
     if tensors is None:
         return n_ag, n_rs
-    legacy = legacy_zero3(plan)
+    legacy = memory.legacy_zero3(plan)
     return jnp.where(legacy, tensors, n_ag), jnp.where(legacy, tensors, n_rs)
 
 
 def list_copy_s(dev, cal, plan: Plan, p_local, n_shard, tensors, gathers):
-    """Seconds per micro-batch that DeepSpeed <= 0.4's ZeRO-3 (:func:`legacy_zero3`) spends around
+    """Seconds per micro-batch that DeepSpeed <= 0.4's ZeRO-3 (:func:`memory.legacy_zero3`) spends around
     its collectives besides the transfers, none elsewhere.
 
     Each parameter's gather zero-fills a buffer of the whole parameter (``torch.zeros``), cuts it
@@ -103,7 +97,7 @@ def list_copy_s(dev, cal, plan: Plan, p_local, n_shard, tensors, gathers):
     copies = 2.0 * (gathers * weights + p_local * memory.grad_wire_bytes(plan))
     fill = compute.stream_s(dev, cal, gathers * weights, 0.0)
     t = jnp.maximum(launches, compute.stream_s(dev, cal, copies, 0.0)) + fill
-    return jnp.where(legacy_zero3(plan) & (n_shard > 1), t, 0.0)
+    return jnp.where(memory.legacy_zero3(plan) & (n_shard > 1), t, 0.0)
 
 
 def collective_parts(net, plan: Plan, p_local, n_all, n_shard, stride, units, hybrid: bool = True, tensors=None):

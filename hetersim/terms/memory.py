@@ -320,6 +320,13 @@ def largest_matrix_params(m: ModelSpec):
     return jnp.maximum(m.hidden * (q_width(m) + 2.0 * kv_width(m)), m.hidden * m.ffn_hidden * (1.0 + m.gated))
 
 
+def legacy_zero3(plan: Plan):
+    """True where ZeRO-3 runs as DeepSpeed <= 0.4 ran it (``zero3_prefetch`` off): each parameter
+    gathered on its own, after a device synchronisation, through a tensor-list collective
+    (:func:`hetersim.terms.dp.param_tensors`, :func:`hetersim.terms.dp.list_copy_s`)."""
+    return (plan.zero >= 3) & (plan.zero3_prefetch <= 0)
+
+
 def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
     """ZeRO-3's gathered weights and unsharded gradients per GPU. FSDP (``reuse_Mparams`` 0) gathers
     a whole layer: the one computing and the one prefetched, in 16 bits, and the computing layer's
@@ -336,7 +343,7 @@ def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
     fsdp = layer * (2.0 * WEIGHT_BYTES + grad_bytes(plan))
     live = jnp.minimum(big + reuse_kept_params(plan) + DS_PREFETCH_PARAMS, 2.0 * layer)
     grads = jnp.minimum(big + DS_REDUCE_BUCKET_PARAMS, layer)
-    flat = jnp.where(plan.zero3_prefetch > 0, 0.0, big * jnp.maximum(WEIGHT_BYTES, grad_bytes(plan)))
+    flat = jnp.where(legacy_zero3(plan), big * jnp.maximum(WEIGHT_BYTES, grad_bytes(plan)), 0.0)
     deepspeed = live * WEIGHT_BYTES + grads * grad_bytes(plan)
     return jnp.where(plan.reuse_Mparams > 0, deepspeed, fsdp) + flat
 
