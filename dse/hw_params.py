@@ -44,8 +44,15 @@ def _units(field: str) -> str:
     return units.get(field, "1")
 
 
-# Leaves that describe the structure of the system, not a rate or a size: never parameters.
-STRUCTURAL = ("network.domain_gpus", "host.gpus_per_node", "host.tier_present", "host.tier_hosts")
+# Leaves that describe the structure of the system (counts, presence), not a rate or a size: never
+# parameters.
+STRUCTURAL = (
+    "network.domain_gpus",
+    "network.gpus_per_nic",
+    "host.gpus_per_node",
+    "host.tier_present",
+    "host.tier_hosts",
+)
 
 
 def _labels(group: str, field: str) -> tuple[tuple[str, ...] | None, bool]:

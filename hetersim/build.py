@@ -196,7 +196,8 @@ def network_spec(
     up = links[gpu["scaleup_link"]]
     nic = links[gpu["nic"]]
     dom = float(scaleup_domain or gpu.get("scaleup_domain", 8))
-    nic_bw = float(nic["bw_GBps"]) * float(gpu.get("nics_per_gpu", 1.0))
+    nics_per_gpu = float(gpu.get("nics_per_gpu", 1.0))
+    nic_bw = float(nic["bw_GBps"]) * nics_per_gpu
     o = dict(overrides or {})
     net = NetworkSpec(
         domain_gpus=np.array([dom, dom, WHOLE_CLUSTER]),
@@ -207,6 +208,7 @@ def network_spec(
         latency_us=np.array([up["latency_us"], up["latency_us"], nic["latency_us"]], float),
         ll_latency_us=np.array([_lat(up, "ll"), _lat(up, "ll"), _lat(nic, "ll")], float),
         ll128_latency_us=np.array([_lat(up, "ll128"), _lat(up, "ll128"), _lat(nic, "ll128")], float),
+        gpus_per_nic=np.float64(max(1.0, 1.0 / nics_per_gpu)),
     )
     assert net.domain_gpus.shape == (N_LEVELS,)
     return as_arrays(net)

@@ -104,7 +104,9 @@ def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0
     node's own links and crosses nodes on their NICs, so a collective over it has the phases of
     :mod:`hetersim.terms.comm` inside the nodes and a scale-out phase at the slowest NIC. Two
     kinds never share a domain, so traffic from one kind to another (a pipeline send between
-    them) crosses the outermost level (:func:`between_kinds`)."""
+    them) crosses the outermost level (:func:`between_kinds`). A flow that has a NIC to itself
+    gains its whole line rate (:func:`hetersim.terms.comm.nic_flows`) only up to the fewest
+    GPUs per NIC of the kinds, the least any of its ends can give."""
     net = systems.network
     on = (used > 0)[:, None]
 
@@ -125,6 +127,7 @@ def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0
         latency_us=lat(net.latency_us),
         ll_latency_us=lat(net.ll_latency_us),
         ll128_latency_us=lat(net.ll128_latency_us),
+        gpus_per_nic=jnp.min(jnp.where(used > 0, net.gpus_per_nic, BIG)),
     )
 
 

@@ -371,3 +371,60 @@ def test_selective_recompute_rebuilds_what_it_did_not_store(catalog, cal, attent
     # log-sum-exp (4a/t bytes) more than the materialised form under selective recomputation.
     diff = float(layer_activation_bytes(m, plan("materialized"))[0] - layer_activation_bytes(m, plan("flash"))[0])
     assert diff == pytest.approx(2048 * (2 * 4 * 12288 / 8 - 4 * 96 / 8), rel=1e-6)
+
+
+def _amp_network(nics_per_gpu):
+    """The V100 of AMP's p3.8xlarge from the mixed-GPU test catalog (one 10 Gbps NIC for four
+    GPUs), with ``nics_per_gpu`` replaced."""
+    from pathlib import Path
+
+    from hetersim.catalog import load_catalog
+
+    cat = load_catalog([Path(__file__).parent / "data" / "plans" / "kinds.toml"])
+    gpu = dict(cat.gpu("v100-16gb"), nics_per_gpu=nics_per_gpu)
+    return build.network_spec(gpu, cat.links), cat.links[gpu["nic"]]
+
+
+def test_a_pipeline_send_has_the_nic_to_itself_where_it_is_the_nodes_only_flow():
+    """A NIC's line rate is shared by the flows crossing it: a 16-stage pipeline of one V100 per
+    stage sends each boundary's activations alone over the node's 10 Gbps NIC, at 1.25 GB/s x the
+    bus efficiency, not at the quarter of it a data-parallel collective of all four GPUs leaves
+    each; stages of four ranks (the whole node) do get that quarter. A GPU with a NIC of its own
+    gains nothing."""
+    from hetersim.terms import comm
+
+    net, nic = _amp_network(0.25)
+    assert float(net.gpus_per_nic) == 4.0
+    line = float(nic["bw_GBps"]) * float(nic["busbw_eff"]) * 1e9
+    nbytes = 2.0 * 1024 * 1024 * 1024  # one GPT-2 medium micro-batch: 1024 tokens x 1024 x fp16 (x1024)
+    lat = float(nic["latency_us"]) * 1e-6
+    alone = float(comm.p2p_s(net, 1.0, nbytes, n=16.0))
+    whole_node = float(comm.p2p_s(net, 4.0, nbytes, n=4.0))
+    assert alone == pytest.approx(nbytes / line + lat, rel=1e-6)
+    assert whole_node == pytest.approx(4.0 * nbytes / line + lat, rel=1e-6)
+    two = float(comm.p2p_s(net, 2.0, nbytes, n=8.0))
+    assert alone < two < whole_node  # more flows on the NIC never send faster
+    own, _ = _amp_network(1.0)
+    assert float(own.gpus_per_nic) == 1.0
+    ident = comm.nic_flows(own, 1.0)
+    np.testing.assert_array_equal(np.asarray(ident.bw_GBps), np.asarray(own.bw_GBps))
+
+
+def test_the_tied_embedding_sync_of_a_pipeline_of_one_gpu_per_stage_uses_the_whole_nic(catalog):
+    """The first and last stages' all-reduce of a tied embedding's gradient is the only traffic
+    across the NIC then: with one rank per stage it costs the same behind a NIC shared by four
+    GPUs as behind one of the same line rate per GPU; with four ranks per stage (a node) the
+    shared NIC is slower."""
+    from hetersim.simulate import tied_embedding_sync_s
+
+    m = build.model_spec(catalog.model("gpt3-1.3b"))
+    times = {}
+    for share in (0.25, 1.0):
+        net, _ = _amp_network(share)
+        sys = build.system_spec(catalog.gpu("v100-sxm-32gb"), catalog.links)
+        sys = dataclasses.replace(sys, network=net)
+        for tp in (1, 4):
+            plan = build.plan_spec(n_gpus=16 * tp, tp=tp, pp=16, global_batch=64, seq_len=1024, precision="fp16")
+            times[share, tp] = float(tied_embedding_sync_s(m, sys, plan))
+    assert times[0.25, 1] == pytest.approx(times[1.0, 1], rel=1e-6)
+    assert times[0.25, 4] > 2.0 * times[1.0, 4]

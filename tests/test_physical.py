@@ -21,7 +21,7 @@ from hetersim.specs import SystemSpec
 from hetersim.types import Infeasible
 
 # Leaves that say how the hardware is built (counts, presence), not how fast it is: kept as they are.
-STRUCTURAL = {"domain_gpus", "gpus_per_node", "tier_present", "tier_hosts", "sm_count"}
+STRUCTURAL = {"domain_gpus", "gpus_per_node", "gpus_per_nic", "tier_present", "tier_hosts", "sm_count"}
 # Efficiencies are fractions of a peak: they are drawn in (0, 1], never scaled past 1.
 FRACTIONS = {
     "gemm_eff",

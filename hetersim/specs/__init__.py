@@ -122,7 +122,10 @@ class NetworkSpec:
     scale-out fabric). ``bw_GBps`` is per GPU and per direction; ``busbw_eff`` the measured
     fraction of it that NCCL collectives reach; ``latency_us`` the per-step latency of NCCL's
     Simple protocol and ``ll_latency_us`` / ``ll128_latency_us`` of its low-latency protocols
-    (equal to ``latency_us`` where a link has none).
+    (equal to ``latency_us`` where a link has none). ``gpus_per_nic``: the GPUs whose scale-out
+    traffic shares one NIC (a node's GPUs over its NICs; 1 where each GPU has its own): the
+    outermost ``bw_GBps`` is that NIC's share per GPU, which a flow gets whole only when every
+    one of those GPUs sends at once (:func:`hetersim.terms.comm.nic_flows`).
     """
 
     domain_gpus: Any  # [N_LEVELS]
@@ -131,6 +134,7 @@ class NetworkSpec:
     latency_us: Any  # [N_LEVELS]
     ll_latency_us: Any  # [N_LEVELS]
     ll128_latency_us: Any  # [N_LEVELS]
+    gpus_per_nic: Any  # scalar
 
 
 @spec

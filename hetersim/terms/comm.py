@@ -14,6 +14,8 @@ Bandwidth per level is ``bw_GBps * busbw_eff``: the measured NCCL bus bandwidth 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from ..specs import NetworkSpec, Plan
@@ -177,6 +179,24 @@ def all_gather_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
 reduce_scatter_s = all_gather_s
 
 
+def nic_flows(net: NetworkSpec, flows) -> NetworkSpec:
+    """``net`` for traffic in which only ``flows`` of a node's GPUs cross its NICs at once.
+
+    The outermost ``bw_GBps`` is a NIC's line rate split over the ``gpus_per_nic`` GPUs behind it,
+    right when all of them send together (a data-parallel collective, in which every GPU takes
+    part). A NIC's line rate is shared by the flows that cross it, not by the GPUs that could:
+    where fewer send at once, each gets ``gpus_per_nic / flows`` times that share, up to the whole
+    NIC (a flow runs on one NIC: NCCL gives a pair of ranks the NIC nearest the GPU). Between
+    pipeline stages ``stride`` ranks apart the stage ending a node sends its ``stride`` ranks'
+    activations across (a node holds consecutive ranks); likewise the ranks of a ring of stride
+    ``stride``. AMP's p3.8xlarge (one 10 Gbps NIC for 4 V100) sends a pipeline of one rank per
+    stage at the NIC's full 10 Gbps, not at 2.5."""
+    top = N_LEVELS - 1
+    gain = jnp.clip(safe_div(net.gpus_per_nic, flows, 1.0), 1.0, jnp.maximum(net.gpus_per_nic, 1.0))
+    level = jnp.arange(N_LEVELS) == top
+    return dataclasses.replace(net, bw_GBps=net.bw_GBps * jnp.where(level, jnp.asarray(gain)[..., None], 1.0))
+
+
 def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
     """Point-to-point transfer between neighbours ``stride`` apart in a chain (or ring) of ``n``
     ranks, on the innermost level whose domain holds the whole chain: the chain spans
@@ -184,6 +204,7 @@ def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
     sends across the next one -- the slowest send paces every step (a pipeline's stages, a
     ring's steps). ``n = 2``: one pair."""
     span = (jnp.maximum(n, 2.0) - 1.0) * stride
+    net = nic_flows(net, stride)
     t = None
     for level in reversed(range(N_LEVELS)):
         bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
