@@ -105,7 +105,7 @@ def cross_network(systems: SystemSpec, used, link_bw_GBps=0.0, link_latency_us=0
     :mod:`hetersim.terms.comm` inside the nodes and a scale-out phase at the slowest NIC. Two
     kinds never share a domain, so traffic from one kind to another (a pipeline send between
     them) crosses the outermost level (:func:`between_kinds`). A flow that has a NIC to itself
-    gains its whole line rate (:func:`hetersim.terms.comm.nic_flows`) only up to the fewest
+    gains its whole line rate (:func:`hetersim.terms.comm.nic_gain`) only up to the fewest
     GPUs per NIC of the kinds, the least any of its ends can give."""
     net = systems.network
     on = (used > 0)[:, None]

@@ -340,10 +340,11 @@ def tied_embedding_sync_s(model: ModelSpec, system: SystemSpec, plan: Plan, voca
     schedule.py @ edaa72212). Two ranks ``pp - 1`` stages apart, ``vocab x hidden / tp``
     gradients each; none without a pipeline, an untied head or a stage without a vocabulary
     matrix (``vocab_mats`` 0). Only the first stage's ``s_pp`` ranks of a node send it across the
-    NICs (:func:`hetersim.terms.comm.nic_flows`)."""
+    NICs (:func:`hetersim.terms.comm.nic_gain`)."""
     _, _, _, s_pp = comm.strides(plan)
     nbytes = model.vocab * model.hidden / plan.tp * memory.grad_bytes(plan)  # the gradient itself, in place
-    t = comm.all_reduce_s(comm.nic_flows(system.network, s_pp), 2.0, (plan.pp - 1.0) * s_pp, nbytes)
+    net = system.network
+    t = comm.all_reduce_s(net, 2.0, (plan.pp - 1.0) * s_pp, nbytes, nic_gain=comm.nic_gain(net, s_pp))
     holds = True if vocab_mats is None else jnp.asarray(vocab_mats) > 0
     return jnp.where((plan.pp > 1) & (model.tied_embeddings > 0) & holds, t, 0.0)
 

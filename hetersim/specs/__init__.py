@@ -125,7 +125,7 @@ class NetworkSpec:
     (equal to ``latency_us`` where a link has none). ``gpus_per_nic``: the GPUs whose scale-out
     traffic shares one NIC (a node's GPUs over its NICs; 1 where each GPU has its own): the
     outermost ``bw_GBps`` is that NIC's share per GPU, which a flow gets whole only when every
-    one of those GPUs sends at once (:func:`hetersim.terms.comm.nic_flows`).
+    one of those GPUs sends at once (:func:`hetersim.terms.comm.nic_gain`).
     """
 
     domain_gpus: Any  # [N_LEVELS]

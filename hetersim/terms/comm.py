@@ -14,8 +14,6 @@ Bandwidth per level is ``bw_GBps * busbw_eff``: the measured NCCL bus bandwidth 
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax.numpy as jnp
 
 from ..specs import NetworkSpec, Plan
@@ -50,14 +48,18 @@ def ranks_per_level(net: NetworkSpec, n, stride):
     return inside
 
 
-def _bandwidth_s(net: NetworkSpec, n, stride, nbytes, factor):
-    """Bandwidth time of a hierarchical ring collective; ``factor`` 2 for all-reduce, 1 for AG/RS."""
+def _bandwidth_s(net: NetworkSpec, n, stride, nbytes, factor, nic_gain=1.0):
+    """Bandwidth time of a hierarchical ring collective; ``factor`` 2 for all-reduce, 1 for AG/RS;
+    ``nic_gain``: the outermost level's bandwidth is that many times its per-GPU share
+    (:func:`nic_gain`)."""
     t = jnp.zeros_like(nbytes)
     prev = jnp.ones_like(n)
     for level, inside in enumerate(ranks_per_level(net, n, stride)):
         r = safe_div(inside, prev, 1.0)
         data = safe_div(nbytes, prev)
         bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
+        if level == N_LEVELS - 1:
+            bw = bw * nic_gain
         t = t + factor * safe_div(r - 1.0, r) * safe_div(data, bw)
         prev = inside
     return t
@@ -143,11 +145,11 @@ def _fastest(candidates):
     return best_bw, best_lat
 
 
-def all_reduce_parts(net: NetworkSpec, n, stride, nbytes, count=1.0):
+def all_reduce_parts(net: NetworkSpec, n, stride, nbytes, count=1.0, nic_gain=1.0):
     """(bandwidth seconds, latency seconds) of ``count`` all-reduces totalling ``nbytes``: the
     fastest of a ring under each protocol (two passes, one fixed cost) and a tree, as NCCL's
-    tuner picks."""
-    bw = _bandwidth_s(net, n, stride, nbytes, 2.0)
+    tuner picks (``nic_gain``: :func:`_bandwidth_s`)."""
+    bw = _bandwidth_s(net, n, stride, nbytes, 2.0, nic_gain)
     ring = _ring(net, n, stride)
     cands = [(bw, count * tree_latency_s(net, n, stride))]
     for p in PROTOCOLS:
@@ -166,9 +168,10 @@ def all_gather_parts(net: NetworkSpec, n, stride, nbytes, count=1.0):
     return _fastest([(bw / _bw_factor(p, ring[1], False), count * lats[p]) for p in PROTOCOLS])
 
 
-def all_reduce_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
-    """Seconds for ``count`` all-reduces totalling ``nbytes`` over ``n`` ranks of stride ``stride``."""
-    return sum(all_reduce_parts(net, n, stride, nbytes, count))
+def all_reduce_s(net: NetworkSpec, n, stride, nbytes, count=1.0, nic_gain=1.0):
+    """Seconds for ``count`` all-reduces totalling ``nbytes`` over ``n`` ranks of stride ``stride``
+    (``nic_gain``: :func:`_bandwidth_s`)."""
+    return sum(all_reduce_parts(net, n, stride, nbytes, count, nic_gain))
 
 
 def all_gather_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
@@ -179,8 +182,9 @@ def all_gather_s(net: NetworkSpec, n, stride, nbytes, count=1.0):
 reduce_scatter_s = all_gather_s
 
 
-def nic_flows(net: NetworkSpec, flows) -> NetworkSpec:
-    """``net`` for traffic in which only ``flows`` of a node's GPUs cross its NICs at once.
+def nic_gain(net: NetworkSpec, flows):
+    """How many times the outermost level's per-GPU bandwidth a flow gets where only ``flows`` of a
+    node's GPUs cross its NICs at once.
 
     The outermost ``bw_GBps`` is a NIC's line rate split over the ``gpus_per_nic`` GPUs behind it,
     right when all of them send together (a data-parallel collective, in which every GPU takes
@@ -191,10 +195,7 @@ def nic_flows(net: NetworkSpec, flows) -> NetworkSpec:
     activations across (a node holds consecutive ranks); likewise the ranks of a ring of stride
     ``stride``. AMP's p3.8xlarge (one 10 Gbps NIC for 4 V100) sends a pipeline of one rank per
     stage at the NIC's full 10 Gbps, not at 2.5."""
-    top = N_LEVELS - 1
-    gain = jnp.clip(safe_div(net.gpus_per_nic, flows, 1.0), 1.0, jnp.maximum(net.gpus_per_nic, 1.0))
-    level = jnp.arange(N_LEVELS) == top
-    return dataclasses.replace(net, bw_GBps=net.bw_GBps * jnp.where(level, jnp.asarray(gain)[..., None], 1.0))
+    return jnp.clip(safe_div(net.gpus_per_nic, flows, 1.0), 1.0, jnp.maximum(net.gpus_per_nic, 1.0))
 
 
 def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
@@ -204,10 +205,11 @@ def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
     sends across the next one -- the slowest send paces every step (a pipeline's stages, a
     ring's steps). ``n = 2``: one pair."""
     span = (jnp.maximum(n, 2.0) - 1.0) * stride
-    net = nic_flows(net, stride)
     t = None
     for level in reversed(range(N_LEVELS)):
         bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
+        if level == N_LEVELS - 1:
+            bw = bw * nic_gain(net, stride)  # the chain's ``stride`` flows per node share its NICs
         tl = safe_div(nbytes, bw) + count * net.latency_us[level] * US
         if t is None:
             t = tl
