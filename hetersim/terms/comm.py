@@ -48,6 +48,13 @@ def ranks_per_level(net: NetworkSpec, n, stride):
     return inside
 
 
+def _bus_bw(net: NetworkSpec, level: int, gain=1.0):
+    """Bytes per second a GPU moves over ``level``: its bandwidth times the bus efficiency, the
+    outermost level's ``gain`` times its per-GPU share (:func:`nic_gain`)."""
+    bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
+    return bw * gain if level == N_LEVELS - 1 else bw
+
+
 def _bandwidth_s(net: NetworkSpec, n, stride, nbytes, factor, nic_gain=1.0):
     """Bandwidth time of a hierarchical ring collective; ``factor`` 2 for all-reduce, 1 for AG/RS;
     ``nic_gain``: the outermost level's bandwidth is that many times its per-GPU share
@@ -57,9 +64,7 @@ def _bandwidth_s(net: NetworkSpec, n, stride, nbytes, factor, nic_gain=1.0):
     for level, inside in enumerate(ranks_per_level(net, n, stride)):
         r = safe_div(inside, prev, 1.0)
         data = safe_div(nbytes, prev)
-        bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
-        if level == N_LEVELS - 1:
-            bw = bw * nic_gain
+        bw = _bus_bw(net, level, nic_gain)
         t = t + factor * safe_div(r - 1.0, r) * safe_div(data, bw)
         prev = inside
     return t
@@ -207,9 +212,7 @@ def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
     span = (jnp.maximum(n, 2.0) - 1.0) * stride
     t = None
     for level in reversed(range(N_LEVELS)):
-        bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
-        if level == N_LEVELS - 1:
-            bw = bw * nic_gain(net, stride)  # the chain's ``stride`` flows per node share its NICs
+        bw = _bus_bw(net, level, nic_gain(net, stride))  # ``stride`` flows per node share its NICs
         tl = safe_div(nbytes, bw) + count * net.latency_us[level] * US
         if t is None:
             t = tl
@@ -235,7 +238,7 @@ def all_to_all_s(net: NetworkSpec, n, stride, nbytes):
     prev = jnp.ones_like(n)
     for level, k in enumerate(inside):
         share = safe_div(k - prev, n)
-        bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
+        bw = _bus_bw(net, level)
         t = jnp.maximum(t, share * safe_div(nbytes, bw))
         lat = jnp.where(k > prev, net.latency_us[level] * US, lat)
         prev = k
