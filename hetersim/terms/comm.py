@@ -48,9 +48,10 @@ def ranks_per_level(net: NetworkSpec, n, stride):
     return inside
 
 
-def _bus_bw(net: NetworkSpec, level: int, gain=1.0):
-    """Bytes per second a GPU moves over ``level``: its bandwidth times the bus efficiency, the
-    outermost level's ``gain`` times its per-GPU share (:func:`nic_gain`)."""
+def bus_bw(net: NetworkSpec, level: int, gain=1.0):
+    """Bytes per second a GPU moves over ``level`` (0 the innermost, ``N_LEVELS - 1`` the
+    scale-out network): its bandwidth times the bus efficiency, the outermost level's ``gain``
+    times its per-GPU share (:func:`nic_gain`)."""
     bw = net.bw_GBps[level] * net.busbw_eff[level] * GB
     return bw * gain if level == N_LEVELS - 1 else bw
 
@@ -64,7 +65,7 @@ def _bandwidth_s(net: NetworkSpec, n, stride, nbytes, factor, nic_gain=1.0):
     for level, inside in enumerate(ranks_per_level(net, n, stride)):
         r = safe_div(inside, prev, 1.0)
         data = safe_div(nbytes, prev)
-        bw = _bus_bw(net, level, nic_gain)
+        bw = bus_bw(net, level, nic_gain)
         t = t + factor * safe_div(r - 1.0, r) * safe_div(data, bw)
         prev = inside
     return t
@@ -210,9 +211,10 @@ def p2p_s(net: NetworkSpec, stride, nbytes, count=1.0, n=2.0):
     sends across the next one -- the slowest send paces every step (a pipeline's stages, a
     ring's steps). ``n = 2``: one pair."""
     span = (jnp.maximum(n, 2.0) - 1.0) * stride
+    gain = nic_gain(net, stride)  # ``stride`` flows per node share its NICs
     t = None
     for level in reversed(range(N_LEVELS)):
-        bw = _bus_bw(net, level, nic_gain(net, stride))  # ``stride`` flows per node share its NICs
+        bw = bus_bw(net, level, gain)
         tl = safe_div(nbytes, bw) + count * net.latency_us[level] * US
         if t is None:
             t = tl
@@ -238,7 +240,7 @@ def all_to_all_s(net: NetworkSpec, n, stride, nbytes):
     prev = jnp.ones_like(n)
     for level, k in enumerate(inside):
         share = safe_div(k - prev, n)
-        bw = _bus_bw(net, level)
+        bw = bus_bw(net, level)
         t = jnp.maximum(t, share * safe_div(nbytes, bw))
         lat = jnp.where(k > prev, net.latency_us[level] * US, lat)
         prev = k

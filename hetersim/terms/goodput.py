@@ -68,9 +68,9 @@ import jax.numpy as jnp
 
 from ..pytree import spec
 from ..specs import ModelSpec, Plan, SystemSpec
-from ..types import N_TIERS, CheckpointMode, CheckpointTier, Infeasible, Precision, Tier
+from ..types import N_LEVELS, N_TIERS, CheckpointMode, CheckpointTier, Infeasible, Precision, Tier
 from ..units import GB, HOUR, KWH, GiB
-from . import memory, offload
+from . import comm, memory, offload
 from ._safe import pos, safe_div, safe_log2
 from .flops import total_params
 
@@ -131,7 +131,7 @@ def tier_bandwidths(system: SystemSpec, plan: Plan):
     network copy to the peer. The file system's own cap is in :func:`write_times`."""
     host, net = system.host, system.network
     rd, wr = offload.tier_bandwidth(host, plan)
-    nic = net.bw_GBps[-1] * net.busbw_eff[-1] * GB
+    nic = comm.bus_bw(net, N_LEVELS - 1)
     g = offload.gpus_sharing(host, plan)
     nvme = jnp.minimum(safe_div(host.nvme_GBps * GB, g, _BIG), host.tier_path_GBps[Tier.HOST_DRAM] * GB)
     pfs = jnp.minimum(safe_div(host.pfs_GBps * GB, plan.n_gpus, _BIG), nic)

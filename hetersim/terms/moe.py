@@ -21,8 +21,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
-from ..types import Dispatcher, Precision
-from ..units import GB, US
+from ..types import N_LEVELS, Dispatcher, Precision
+from ..units import US
 from . import comm, compute
 from ._safe import safe_div
 from .flops import n_mlp_matrices
@@ -256,8 +256,7 @@ def hierarchical_a2a_s(net: NetworkSpec, m: ModelSpec, plan: Plan):
     inside = comm.ranks_per_level(net, plan.ep, plan.etp)[0]  # EP ranks per scale-up domain
     nodes = safe_div(plan.ep, inside, 1.0)
     per_token = local_tokens(plan) * plan.moe_imbalance * m.hidden * compute.act_bytes(plan)
-    out_bw = net.bw_GBps[-1] * net.busbw_eff[-1] * GB
-    in_bw = net.bw_GBps[0] * net.busbw_eff[0] * GB
+    out_bw, in_bw = comm.bus_bw(net, N_LEVELS - 1), comm.bus_bw(net, 0)
     t_out = safe_div(per_token * remote_nodes_per_token(m, nodes), out_bw)
     t_in = safe_div(per_token * m.top_k * (1.0 - safe_div(1.0, plan.ep, 1.0)), in_bw)
     lat = jnp.where(nodes > 1.0, net.latency_us[-1], net.latency_us[0]) * US
