@@ -6,9 +6,13 @@ import os
 
 import pytest
 
+from tests.xla_flags import xla_flags_for_tests
+
 # The command line keeps compiled programs in the user's cache folder (hetersim.compile_cache);
 # the suite writes nothing there (tests/test_compile_cache.py turns it on in temporary folders).
 os.environ["HETERSIM_CACHE_DIR"] = "off"
+
+os.environ["XLA_FLAGS"] = xla_flags_for_tests(os.environ.get("XLA_FLAGS", ""))
 
 from hetersim import build
 from hetersim.catalog import load_catalog
