@@ -11,7 +11,7 @@ from tests.xla_flags import xla_flags_for_tests
 # The command line keeps compiled programs in the user's cache folder (hetersim.compile_cache);
 # the suite writes nothing there (tests/test_compile_cache.py turns it on in temporary folders).
 os.environ["HETERSIM_CACHE_DIR"] = "off"
-
+# XLA compiles the model faster on the CPU under the flag tests/xla_flags.py picks for this jaxlib.
 os.environ["XLA_FLAGS"] = xla_flags_for_tests(os.environ.get("XLA_FLAGS", ""))
 
 from hetersim import build
