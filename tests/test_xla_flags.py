@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from tests.xla_flags import FLAG, OLD_FLAG, jaxlib_version, xla_flags_for_tests
+from tests.xla_flags import FLAG, FUSION_EMITTERS_SINCE, OLD_FLAG, jaxlib_version, xla_flags_for_tests
 
-NEW_JAXLIB = (jaxlib_version() or (0, 0)) >= (0, 6)
+NEW_JAXLIB = (jaxlib_version() or (0, 0)) >= FUSION_EMITTERS_SINCE
 
 
 def test_the_flag_is_added_once_and_a_users_own_setting_is_kept():
@@ -28,7 +28,7 @@ def test_the_flag_is_added_once_and_a_users_own_setting_is_kept():
 def _evaluate(flags: str) -> dict:
     argv = ["--model", "llama2-70b", "--gpu", "h100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp", "2"]
     argv += ["--global-batch", "256", "--zero", "1", "--json"]
-    env = {**os.environ, "XLA_FLAGS": flags, "COLUMNS": "200"}
+    env = {**os.environ, "XLA_FLAGS": flags}
     out = subprocess.run(
         [sys.executable, "-m", "dse", "evaluate", *argv], env=env, capture_output=True, text=True, check=True
     )

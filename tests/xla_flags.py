@@ -5,6 +5,9 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 FLAG = "--xla_cpu_use_fusion_emitters=false"  # jaxlib 0.6 and later
+# The first jaxlib whose XLA knows FLAG: its name is in the 0.6.0 wheel's libjax_common.so and in
+# none of the 0.5.0 wheel's libraries (PyPI's manylinux2014 x86_64 cp311 wheels, searched).
+FUSION_EMITTERS_SINCE = (0, 6)
 OLD_FLAG = "--xla_backend_optimization_level=0"  # jaxlib 0.5 and older (the floors' run)
 
 
@@ -40,7 +43,7 @@ def xla_flags_for_tests(flags: str) -> str:
     have = jaxlib_version()
     if have is None:
         return flags
-    flag = FLAG if have >= (0, 6) else OLD_FLAG
+    flag = FLAG if have >= FUSION_EMITTERS_SINCE else OLD_FLAG
     if flag.split("=")[0] in flags:
         return flags
     return f"{flags} {flag}".strip()
