@@ -242,6 +242,7 @@ def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mappi
             axes[key] = _plan_axis(origin, key, raw[key], ctx)
     axes = {k: axes[k] for k in ("model", "gpu", "n_gpus", *PLAN_AXES)}
     _check_possible(origin, axes)
+    _check_experts(origin, axes, models)
     return axes
 
 
@@ -459,6 +460,22 @@ def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
     for b in axes["micro_batch"]:
         if b > max(axes["global_batch"]):
             raise _err(origin, "plan.micro_batch", f"{b} is larger than every plan.global_batch")
+
+
+def _check_experts(origin: str, axes: Mapping[str, tuple[Any, ...]], models: Mapping) -> None:
+    """Expert parallelism asked of a study none of whose models has experts (with a mixture of
+    experts among them, the dense models' ``ep > 1`` points are infeasible data instead)."""
+    if any(int(m.get("n_experts", 0) or 0) > 1 for m in models.values()):
+        return
+    for key in ("ep", "etp"):
+        wide = [v for v in axes[key] if v > 1]
+        if wide:
+            names = ", ".join(models)
+            raise _err(
+                origin,
+                f"plan.{key}",
+                f"{wide[0]} needs a mixture-of-experts model; the study's models ({names}) have no experts (use 1)",
+            )
 
 
 def _number(origin: str, key: str, value: Any) -> float:

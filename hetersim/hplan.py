@@ -344,10 +344,39 @@ def check(plan: HeteroPlan, model: Mapping[str, Any], cluster: Mapping[str, int]
                 raise ValueError(
                     f"{origin}: pipelines' micro_batches sum to {got}; global_batch/micro_batch is {total_mb}"
                 )
+    if total_mb is not None:
+        _check_shares(plan, total_mb, origin)
     used = plan.gpus()
     for kind, n in used.items():
         if kind in cluster and n > cluster[kind]:
             raise ValueError(f"{origin}: the plan puts {n} GPUs on {kind}; the cluster has {cluster[kind]}")
+
+
+def _check_shares(plan: HeteroPlan, total_mb: int, origin: str) -> None:
+    """Whole micro-batches for every replica, dealt as :func:`hetersim.hsim._share_microbatches`
+    deals them: ``equal`` shares over the pipeline copies and then over a stage's replicas must
+    come out whole, and no replica may be left without one (``speed`` shares depend on the
+    devices' speed, which the engine flags)."""
+    given = all(p.micro_batches is not None for p in plan.pipelines)
+    copies = sum(p.count for p in plan.pipelines)
+    equal = plan.balance == "equal"
+    fix = 'give micro_batches or balance = "speed"'
+    if not given and equal and total_mb % copies:
+        raise ValueError(
+            f"{origin}: {total_mb} micro-batches (global_batch / micro_batch) do not split equally over "
+            f"{copies} pipeline copies; {fix}"
+        )
+    for j, p in enumerate(plan.pipelines):
+        n = p.micro_batches if given else total_mb // copies if equal else None
+        for i, s in enumerate(p.stages):
+            reps = sum(r.count for r in s.replicas)
+            if n is None or all(r.micro_batches is not None for r in s.replicas):
+                continue
+            where = f"{origin} stage {i}" if len(plan.pipelines) == 1 else f"{origin} pipeline {j} stage {i}"
+            if n < reps:
+                raise ValueError(f"{where}: {n} micro-batches for {reps} replicas leave a replica without one")
+            if equal and n % reps:
+                raise ValueError(f"{where}: {n} micro-batches do not split equally over its {reps} replicas; {fix}")
 
 
 def parse_cluster_groups(text: str) -> list[tuple[str, int]]:

@@ -79,6 +79,11 @@ CASES = [
         ["sweep", "{tmp}/imbalance_below_one.toml", "--out", "{tmp}"],
         ["study file", "imbalance_below_one.toml", "plan.moe_imbalance", ">= 1"],
     ),
+    (
+        "study-expert-parallel-of-dense-models",
+        ["sweep", "{tmp}/ep_of_dense.toml", "--out", "{tmp}"],
+        ["study file", "ep_of_dense.toml", "plan.ep", "llama2-70b", "no experts"],
+    ),
     # files that are folders, binary, or missing: the error names the file
     ("model-is-a-folder", ev(model="{tmp}/folder.json"), ["folder.json", "folder"]),
     ("model-binary", ev(model="{tmp}/binary.json"), ["binary.json"]),
@@ -87,6 +92,7 @@ CASES = [
     ("study-binary", ["sweep", "{tmp}/binary.toml", "--out", "{tmp}"], ["study file", "binary.toml"]),
     ("study-is-a-folder", ["sweep", "{tmp}/folder.json", "--out", "{tmp}"], ["study file", "folder.json"]),
     ("runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"]),
+    ("calibrate-runs-missing", ["calibrate", "--runs", "{tmp}/missing.csv"], ["missing.csv"]),
     ("runs-unknown-stack", ["validate", "--runs", "{tmp}/unknown_stack.csv"], ["unknown_stack.csv", "stack", "fsdp"]),
     ("journal-binary", ["optimize", SEARCH, "--storage", "{tmp}/binary.journal", "--out", "{tmp}"], ["binary.journal"]),
     ("journal-not-json", ["optimize", SEARCH, "--storage", "{tmp}/file", "--out", "{tmp}"], ["--storage", "journal"]),
@@ -129,6 +135,7 @@ def prepared(tmp: Path) -> Path:
     (tmp / "unknown_stack.csv").write_text(f"{runs[0]},stack\n{runs[1]},colossal\n")
     default = (ROOT / "studies" / "default.toml").read_text()
     (tmp / "imbalance_below_one.toml").write_text(default.replace("[plan]\n", "[plan]\nmoe_imbalance = 0.5\n", 1))
+    (tmp / "ep_of_dense.toml").write_text(default.replace("[plan]\n", "[plan]\nep = [1, 2]\n", 1))
     readonly = tmp / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)

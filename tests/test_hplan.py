@@ -264,6 +264,11 @@ def test_a_plan_file_round_trips_and_evaluates(tmp_path, catalog, cal):
         (("layers = 12", "layers = 12\nfoo = 1"), "stage 0: unknown key 'foo'"),
         (("micro_batch = 1", 'micro_batch = "one"'), "micro_batch must be a positive integer"),
         (("micro_batch = 1", 'micro_batch = 1\nrecompute = "half"'), "recompute must be one of none, selective, full"),
+        (('balance = "speed"', 'balance = "equal"'), "stage 0: 64 micro-batches do not split equally over its 3"),
+        (
+            ('global_batch = 64\nmicro_batch = 1\nbalance = "speed"', 'global_batch = 2\nbalance = "equal"'),
+            "stage 0: 2 micro-batches for 3 replicas leave a replica without one",
+        ),
     ],
 )
 def test_bad_plan_files_name_the_stage_and_field(tmp_path, catalog, edit, message):

@@ -99,12 +99,15 @@ def calibrate_cmd(
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
     from hetersim.fit import calibration
+    from hetersim.fit.runs import read_runs
 
     positive("--steps", steps, hi=MAX_STEPS)
     if out is not None and not dry_run:
         atomic.check_target(out, "--out")
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
+    if runs is not None:
+        read_runs(runs)  # a file that cannot be read is refused before the work is announced
     if intervals:
         return _intervals(runs, load_catalog(catalog_files), steps, out, dry_run, as_json)
     status(f"calibrating: {steps} gradient steps" + (", leaving one source out at a time" if cross_validate else ""))
