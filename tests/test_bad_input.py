@@ -250,3 +250,12 @@ def test_an_infeasible_search_point_is_still_data():
     # one configuration that does not fit in memory is an answer, not an error
     built = api.configure(model="llama2-70b", gpu="h100-sxm-80gb", n_gpus=8, global_batch=8)
     assert int(built.breakdown.infeasible) != 0
+
+
+def test_an_rdb_storage_without_its_driver_is_one_line_in_a_real_process(tmp):
+    """Optuna warns that RDB heartbeats are experimental; under pytest the warning is captured, so a
+    real process shows whether it leaks onto the error's stderr."""
+    argv = ["optimize", SEARCH, "--trials", "1", "--storage", "mysql://nobody@nowhere/none", "--out", str(tmp / "o")]
+    proc = subprocess.run([sys.executable, "-m", "dse", *argv], capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc.returncode, proc.stderr, ["--storage", "mysql://"])
+    assert not (tmp / "o").exists()

@@ -133,7 +133,9 @@ def open_storage(storage: str | None):
         return optuna.storages.InMemoryStorage()
     if "://" in storage:
         try:
-            return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna: a warning, not news
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
         except ImportError as error:
             raise ValueError(f"--storage {redact(storage)}: {error}") from None
         except Exception as error:  # sqlalchemy's errors: bad URL, cannot connect, missing driver
