@@ -9,6 +9,8 @@ Each case is a command line with ``{tmp}`` standing for a folder prepared by :fu
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import subprocess
 import sys
@@ -94,6 +96,23 @@ CASES = [
     ("runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"]),
     ("calibrate-runs-missing", ["calibrate", "--runs", "{tmp}/missing.csv"], ["missing.csv"]),
     ("runs-unknown-stack", ["validate", "--runs", "{tmp}/unknown_stack.csv"], ["unknown_stack.csv", "stack", "fsdp"]),
+    # a measured run whose own columns contradict each other is a mistake in the file
+    ("runs-gpus-not-the-layout", ["validate", "--runs", "{tmp}/runs_n_gpus.csv"], ["runs_n_gpus.csv", "n_gpus 7"]),
+    (
+        "runs-batch-not-multiple",
+        ["validate", "--runs", "{tmp}/runs_global_batch.csv"],
+        ["global_batch 7", "micro_batch"],
+    ),
+    (
+        "runs-tp-not-dividing-heads",
+        ["validate", "--runs", "{tmp}/runs_tp.csv"],
+        ["tp 5", "24 attention heads"],
+    ),
+    ("runs-kv-heads", ["validate", "--runs", "{tmp}/runs_kv_heads.csv"], ["kv_heads 7"]),
+    ("runs-step-time-zero", ["validate", "--runs", "{tmp}/runs_measured_step_time_s.csv"], ["measured_step_time_s"]),
+    ("runs-accounting", ["validate", "--runs", "{tmp}/runs_flops_accounting.csv"], ["flops_accounting", "magic"]),
+    ("runs-empty-id", ["validate", "--runs", "{tmp}/runs_id.csv"], ["runs_id.csv", "line 2", "id"]),
+    ("runs-duplicate-id", ["validate", "--runs", "{tmp}/runs_twice.csv"], ["runs_twice.csv", "line 3", "unique"]),
     ("journal-binary", ["optimize", SEARCH, "--storage", "{tmp}/binary.journal", "--out", "{tmp}"], ["binary.journal"]),
     ("journal-not-json", ["optimize", SEARCH, "--storage", "{tmp}/file", "--out", "{tmp}"], ["--storage", "journal"]),
     ("report-binary", ["report", "{tmp}/binary.toml", "--out", "{tmp}/report"], ["binary.toml"]),
@@ -133,6 +152,12 @@ def prepared(tmp: Path) -> Path:
     (tmp / "min_above_max.toml").write_text(study)
     runs = (ROOT / "hetersim" / "data" / "published_runs.csv").read_text().splitlines()
     (tmp / "unknown_stack.csv").write_text(f"{runs[0]},stack\n{runs[1]},colossal\n")
+    (tmp / "runs_twice.csv").write_text(f"{runs[0]}\n{runs[1]}\n{runs[1]}\n")
+    for col, value in (("n_gpus", "7"), ("global_batch", "7"), ("kv_heads", "7"), ("id", "")):
+        _runs_variant(tmp, runs, col, value)
+    _runs_variant(tmp, runs, "tp", "5", n_gpus="160")  # GPT 1.7B's 24 heads
+    _runs_variant(tmp, runs, "measured_step_time_s", "0")
+    _runs_variant(tmp, runs, "flops_accounting", "magic")
     default = (ROOT / "studies" / "default.toml").read_text()
     (tmp / "imbalance_below_one.toml").write_text(default.replace("[plan]\n", "[plan]\nmoe_imbalance = 0.5\n", 1))
     (tmp / "ep_of_dense.toml").write_text(default.replace("[plan]\n", "[plan]\nep = [1, 2]\n", 1))
@@ -140,6 +165,17 @@ def prepared(tmp: Path) -> Path:
     readonly.mkdir()
     readonly.chmod(0o555)
     return tmp
+
+
+def _runs_variant(tmp: Path, lines: list[str], column: str, value: str, **others: str) -> None:
+    """``runs_<column>.csv``: the packaged file's header and first run with ``column`` set to
+    ``value`` (and the ``others`` columns to theirs)."""
+    header, first = next(csv.reader([lines[0]])), next(csv.reader([lines[1]]))
+    for col, v in {column: value, **others}.items():
+        first[header.index(col)] = v
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([header, first])
+    (tmp / f"runs_{column}.csv").write_text(out.getvalue())
 
 
 def listing(*folders: Path) -> list[str]:

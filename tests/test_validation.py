@@ -102,11 +102,15 @@ def test_offload_reference_run_within_35_percent(report):
 def test_infeasible_row_counts_as_100_percent(catalog, cal, tmp_path):
     src = fit.default_runs_path().read_text().splitlines()
     header, first = src[0], src[1]
-    # The 1.7B GPT run with global batch 512 on 32 GPUs, but claiming one GPU: 1.7B states
-    # and 16 sequences of activations do not fit in 80 GB, and tp*pp*dp*cp != n_gpus.
+    # The 1.7B GPT run with global batch 512 on 32 GPUs, ten times as wide and on one GPU: 153B
+    # parameters' states do not fit in 80 GB at any micro-batch validate may substitute. (A row
+    # whose tp*pp*dp*cp is not its n_gpus is a mistake in the file, refused: test_bad_input.py.)
     cols = header.split(",")
     vals = first.split(",")
     vals[cols.index("n_gpus")] = "1"
+    vals[cols.index("dp")] = "1"
+    vals[cols.index("hidden")] = "23040"
+    vals[cols.index("ffn_hidden")] = "92160"
     path = tmp_path / "runs.csv"
     path.write_text(header + "\n" + ",".join(vals) + "\n")
     rep = fit.validate(fit.read_runs(path), catalog, cal)

@@ -37,7 +37,7 @@ def validate_cmd(
     """Predict published training runs and report the step-time error."""
     from hetersim.fit import validation
     from hetersim.fit.intervals import fitted_runs_name
-    from hetersim.fit.runs import default_runs_path, read_runs
+    from hetersim.fit.runs import check_rows, default_runs_path, read_runs
     from hetersim.fit.stacks import load_stacks
 
     if worst < 0:
@@ -47,6 +47,7 @@ def validate_cmd(
     catalog = load_catalog(catalog_files)
     path = runs or default_runs_path()
     rows = read_runs(path, load_stacks(stacks_file))
+    check_rows(rows, catalog, str(path))
     validate_memory = getattr(validation, "validate_memory", None)
     if memory is not None and validate_memory is None:
         raise ValueError("--memory: this version has no memory validation (hetersim.fit.validation.validate_memory)")
@@ -99,15 +100,15 @@ def calibrate_cmd(
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
     from hetersim.fit import calibration
-    from hetersim.fit.runs import read_runs
+    from hetersim.fit.runs import check_rows, read_runs
 
     positive("--steps", steps, hi=MAX_STEPS)
     if out is not None and not dry_run:
         atomic.check_target(out, "--out")
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
-    if runs is not None:
-        read_runs(runs)  # a file that cannot be read is refused before the work is announced
+    if runs is not None:  # a file with a mistake is refused before the work is announced
+        check_rows(read_runs(runs), load_catalog(catalog_files), str(runs))
     if intervals:
         return _intervals(runs, load_catalog(catalog_files), steps, out, dry_run, as_json)
     status(f"calibrating: {steps} gradient steps" + (", leaving one source out at a time" if cross_validate else ""))

@@ -61,7 +61,7 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise ValueError(f"{path}: not a published-runs CSV, missing columns: {', '.join(missing)}")
-    rows = []
+    rows, seen = [], set()
     for i, rec in enumerate(reader, start=2):
         if None in rec or any(v is None for v in rec.values()):
             raise ValueError(f"{path}: line {i}: wrong number of fields")
@@ -69,7 +69,13 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
             stack = row_stack(rec["source"], rec.get("notes") or "", rec.get("stack") or "", stacks)
         except ValueError as e:
             raise ValueError(f"{path}: row {rec['id']}: {e}") from None
-        rows.append(Row(rec["id"], rec["source"], rec, not rec["assumed"].strip(), stack))
+        rid = (rec["id"] or "").strip()
+        if not rid:
+            raise ValueError(f"{path}: line {i}: column id is empty; every run needs an id")
+        if rid in seen:
+            raise ValueError(f"{path}: line {i}: id {rid!r} is used by an earlier row; ids must be unique")
+        seen.add(rid)
+        rows.append(Row(rid, rec["source"], rec, not rec["assumed"].strip(), stack))
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows
@@ -171,7 +177,33 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         stack=row.stack.stack if row.stack is not None else "megatron",
         shard_group=int(n("shard_group", optional=True) or 0) if "shard_group" in f else 0,
     )
+    _check_layout(path, row, model, plan)
     return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
+
+
+def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
+    """A measured run's layout must be one that can run: a row that contradicts itself is a
+    mistake in the file, refused naming the row and columns, not a prediction counted as missed."""
+    where = f"{path}: row {row.id}"
+    tp, pp, cp, dp, n = (plan[k] for k in ("tp", "pp", "cp", "dp", "n_gpus"))
+    for col, v in (("n_gpus", n), ("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp), ("micro_batch", plan["micro_batch"])):
+        if v < 1:
+            raise ValueError(f"{where}: column {col} must be at least 1; got {v}")
+    if tp * pp * cp * dp != n:
+        raise ValueError(f"{where}: n_gpus {n} is not tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp}")
+    if plan["global_batch"] % (plan["micro_batch"] * dp):
+        raise ValueError(
+            f"{where}: global_batch {plan['global_batch']} is not a multiple of micro_batch x dp "
+            f"= {plan['micro_batch']} x {dp}"
+        )
+    heads, kv = int(model["heads"]), int(model["kv_heads"])
+    if heads < 1 or kv < 1 or heads % kv:
+        raise ValueError(f"{where}: heads {heads} must be a positive multiple of kv_heads {kv}")
+    if heads % tp:
+        raise ValueError(f"{where}: tp {tp} does not divide the {heads} attention heads")
+    accounting = row.fields["flops_accounting"].strip().lower()
+    if accounting not in ("", "model", "hardware"):
+        raise ValueError(f"{where}: column flops_accounting must be model or hardware; got {accounting!r}")
 
 
 # The MoE columns of moe_runs.csv (data/README.md); a file without them is dense.
@@ -313,10 +345,28 @@ def _kernel_column(row: Row, col: str, allowed: Sequence[str], path, ignore: Seq
     return value
 
 
+def _step_time_column(row: Row, path) -> float | None:
+    st = _num(path, row, "measured_step_time_s", integer=False, optional=True)
+    if st == 0:
+        raise ValueError(
+            f"{path}: row {row.id}: column measured_step_time_s must be positive "
+            "(leave it empty to use tokens/s or MFU)"
+        )
+    return st
+
+
+def check_rows(rows: Sequence[Row], catalog, path="runs") -> None:
+    """Every row's columns read and checked (:func:`row_inputs`), before any prediction: a file
+    with a mistake is refused before the work is announced."""
+    for row in rows:
+        row_inputs(row, catalog, path)
+        _step_time_column(row, path)
+
+
 def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs", model=None) -> tuple[float, str]:
     """The row's measured step time and how it was obtained ("step", "tokens" or "mfu");
     ``model`` is the row's model spec where the caller has built it."""
-    st = _num(path, row, "measured_step_time_s", integer=False, optional=True)
+    st = _step_time_column(row, path)
     if st:
         return st, "step"
     plan = inputs["plan"]
