@@ -73,10 +73,13 @@ def search_budget_optuna(
     summary of the search)."""
     import optuna
 
+    from dse.optimize.storage import experimental_ok
+
     if len(kinds) < 1:
         raise ValueError("--kinds: name at least one device kind")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, n_startup_trials=min(10, trials))
+    with experimental_ok():
+        sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, n_startup_trials=min(10, trials))
     study = optuna.create_study(direction="minimize", sampler=sampler)
     shape = _shape(kinds, model_entry)
     solved: dict[str, tuple[float, list]] = {}  # mix label -> (best fitting step time, [(row, plan), ...])

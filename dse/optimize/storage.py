@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,6 +32,18 @@ WORKER_ATTR = "hetersim_worker"  # "host:pid" of the worker that asked the trial
 BEAT_ATTR = "hetersim_heartbeat"  # its last beat, seconds since the epoch
 
 
+@contextlib.contextmanager
+def experimental_ok():
+    """Optuna features this project uses knowingly and Optuna marks experimental (multivariate TPE,
+    constant_liar and constraints_func in Optuna 4, RDB heartbeats, metric names): their
+    ExperimentalWarning at every use is no news to the user, so it stays off stderr."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
 def check_sampler(name: str) -> None:
     if name not in SAMPLERS:
         raise ValueError(f"--sampler must be one of {', '.join(SAMPLERS)}; got {name!r}")
@@ -43,12 +56,14 @@ def make_sampler(name: str, space: SearchSpace, seed: int):
     check_sampler(name)
     if name == "auto":
         name = "nsga2" if len(space.objectives) > 1 else "tpe"
-    if name == "nsga2":
-        # On the example study (4 outer variables, 384 trials, 10 seeds, corners enqueued) a
-        # population of 16 gave the best hypervolume; 8, 12, 24 and 32 did worse.
-        return optuna.samplers.NSGAIISampler(population_size=16, seed=seed, **_constraints_kwargs())
-    if name == "tpe":
-        return optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True, **_constraints_kwargs())
+    with experimental_ok():
+        if name == "nsga2":
+            # On the example study (4 outer variables, 384 trials, 10 seeds, corners enqueued) a
+            # population of 16 gave the best hypervolume; 8, 12, 24 and 32 did worse.
+            return optuna.samplers.NSGAIISampler(population_size=16, seed=seed, **_constraints_kwargs())
+        if name == "tpe":
+            kw = _constraints_kwargs()
+            return optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True, **kw)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if not space.discrete:
@@ -133,8 +148,7 @@ def open_storage(storage: str | None):
         return optuna.storages.InMemoryStorage()
     if "://" in storage:
         try:
-            with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna: a warning, not news
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            with experimental_ok():
                 return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
         except ImportError as error:
             raise ValueError(f"--storage {redact(storage)}: {error}") from None
@@ -301,8 +315,7 @@ def open_study(space: SearchSpace, storage: Any, study_name: str, sampler: Any):
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint(space))
         study.set_user_attr("hetersim_study_toml", space.text)
         study.set_user_attr(CONSTRAINT_NAMES_ATTR, space.constraint_names())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with experimental_ok():
             study.set_metric_names(list(space.objectives))  # plots and trials_dataframe say which is which
     elif stored != fingerprint(space):
         raise ValueError(
