@@ -366,12 +366,14 @@ def _check_shares(plan: HeteroPlan, total_mb: int, origin: str) -> None:
             f"{origin}: {total_mb} micro-batches (global_batch / micro_batch) do not split equally over "
             f"{copies} pipeline copies; {fix}"
         )
+    if not (given or equal):
+        return
     for j, p in enumerate(plan.pipelines):
-        n = p.micro_batches if given else total_mb // copies if equal else None
+        n = p.micro_batches if given else total_mb // copies
         for i, s in enumerate(p.stages):
-            reps = sum(r.count for r in s.replicas)
-            if n is None or all(r.micro_batches is not None for r in s.replicas):
+            if all(r.micro_batches is not None for r in s.replicas):
                 continue
+            reps = sum(r.count for r in s.replicas)
             where = f"{origin} stage {i}" if len(plan.pipelines) == 1 else f"{origin} pipeline {j} stage {i}"
             if n < reps:
                 raise ValueError(f"{where}: {n} micro-batches for {reps} replicas leave a replica without one")

@@ -107,20 +107,21 @@ def calibrate_cmd(
         atomic.check_target(out, "--out")
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
+    catalog = load_catalog(catalog_files)
     if runs is not None:  # a file with a mistake is refused before the work is announced
-        check_rows(read_runs(runs), load_catalog(catalog_files), str(runs))
+        check_rows(read_runs(runs), catalog, str(runs))
     if intervals:
-        return _intervals(runs, load_catalog(catalog_files), steps, out, dry_run, as_json)
+        return _intervals(runs, catalog, steps, out, dry_run, as_json)
     status(f"calibrating: {steps} gradient steps" + (", leaving one source out at a time" if cross_validate else ""))
     if cross_validate:
-        cv = calibration.cross_validate(runs, load_catalog(catalog_files), steps=steps)
+        cv = calibration.cross_validate(runs, catalog, steps=steps)
         if as_json:
             typer.echo(fmt.dumps(cv))
         else:
             fmt.print_summary(fmt.console(), "Leave-one-source-out cross-validation", cv)
         return
     start = calibration.load_calibration()
-    result = calibration.calibrate(runs, load_catalog(catalog_files), steps=steps, start=start)
+    result = calibration.calibrate(runs, catalog, steps=steps, start=start)
     path = out or calibration.calibration_path()
     if not dry_run:
         calibration.write_calibration(path, result["values"], result["meta"])
