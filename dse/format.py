@@ -224,11 +224,15 @@ def stack_summary(plan: Mapping[str, Any], runs_te: bool = True, attention: str 
         "attention": attention or (prof.attention if plan["attention"] == "auto" else plan["attention"]),
         "loss": prof.loss if plan["loss"] == "auto" else plan["loss"],
         "elementwise": prof.elementwise,
+        "experts": prof.experts,
         **stacks.switches(prof),
         "tp_comm_overlap": prof.tp_comm_overlap and runs_te,
         "tp_overlap_needs_te": prof.tp_comm_overlap and not runs_te,
         "sources": dict(prof.sources),
     }
+
+
+_EXPERTS = {"streams": "per expert on 4 streams", "grouped": "one grouped kernel", "loop": "per expert, one at a time"}
 
 
 def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
@@ -241,7 +245,8 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}"
         f", ZeRO 1-2 weights gathered {'in the next forward' if st['param_gather_overlap'] else 'after the step'}"
         f"{', sharded data parallelism per FSDP unit' if st['fsdp_units'] else ''}, "
-        f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}; "
+        f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}, "
+        f"MoE expert GEMMs {_EXPERTS[st['experts']]}; "
         "sources: hetersim/catalog/stacks.toml",
         highlight=False,
         markup=True,

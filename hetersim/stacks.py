@@ -3,7 +3,8 @@
 The plan field ``stack`` (:class:`hetersim.types.Stack`) names a profile. A profile is a set of
 categorical facts, each with its source: the attention and loss kernels a plan with ``attention =
 auto`` / ``loss = auto`` runs, whether its element-wise work is fused (by hand-written kernels, or
-by a compiler that fuses any point-wise op) or runs as eager PyTorch ops,
+by a compiler that fuses any point-wise op) or runs as eager PyTorch ops, how it launches the
+routed experts' GEMMs of a mixture-of-experts layer,
 whether its tensor-parallel collectives, pipeline sends and data-parallel gradient reductions
 overlap compute. The traced model reads
 them as small per-stack arrays indexed by ``plan.stack_code`` (:func:`table`). Nothing here
@@ -22,9 +23,13 @@ import numpy as np
 
 from .types import Attention, Loss, Stack
 
-__all__ = ["ELEMENTWISE", "Profile", "StackTable", "load_profiles", "profile", "switches", "table"]
+__all__ = ["ELEMENTWISE", "EXPERTS", "Profile", "StackTable", "load_profiles", "profile", "switches", "table"]
 
 ELEMENTWISE = ("fused", "eager", "compiled")
+# How a stack runs the routed experts' GEMMs: one cuBLAS GEMM per local expert on Transformer
+# Engine's compute streams, one grouped kernel per matrix over every local expert, or one GEMM per
+# expert from a Python loop on one stream.
+EXPERTS = ("streams", "grouped", "loop")
 # The true/false facts, each a field of Profile and a 0/1 array of StackTable.
 _SWITCHES = (
     "tp_comm_overlap",
@@ -37,7 +42,7 @@ _SWITCHES = (
     "chunk_grad_sync",
     "fsdp_units",
 )
-_FACTS = ("attention", "loss", "elementwise", *_SWITCHES)
+_FACTS = ("attention", "loss", "elementwise", "experts", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
 
 
@@ -48,6 +53,7 @@ class Profile:
     attention: str
     loss: str
     elementwise: str
+    experts: str
     tp_comm_overlap: bool
     p2p_overlap: bool
     p2p_scatter_gather: bool
@@ -68,6 +74,8 @@ class StackTable:
     loss: np.ndarray  # Loss code
     eager: np.ndarray  # 1.0 where element-wise work runs as eager PyTorch ops
     compiled: np.ndarray  # 1.0 where a fusing compiler (TorchInductor, XLA) fuses any point-wise op
+    grouped_experts: np.ndarray  # 1.0 where the routed experts' GEMMs run as one grouped kernel per matrix
+    expert_loop: np.ndarray  # 1.0 where they run one GEMM per expert from a loop on one stream
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
     p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
     p2p_scatter_gather: np.ndarray  # 1.0 where each TP rank sends 1/tp of a stage's activation
@@ -132,6 +140,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
         attention=_choice(where, "attention", entry["attention"], fused),
         loss=_choice(where, "loss", entry["loss"], tuple(n for n in Loss.names() if n != Loss.AUTO.label)),
         elementwise=_choice(where, "elementwise", entry["elementwise"], ELEMENTWISE),
+        experts=_choice(where, "experts", entry["experts"], EXPERTS),
         **{k: entry[k] for k in _SWITCHES},
         sources={str(k): str(v) for k, v in sources.items()},
     )
@@ -175,5 +184,7 @@ def table() -> StackTable:
         loss=np.array([Loss.parse(p.loss, "loss").value for p in rows], np.int32),
         eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
         compiled=np.array([float(p.elementwise == "compiled") for p in rows], np.float32),
+        grouped_experts=np.array([float(p.experts == "grouped") for p in rows], np.float32),
+        expert_loop=np.array([float(p.experts == "loop") for p in rows], np.float32),
         **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},
     )

@@ -19,7 +19,7 @@ from hetersim.catalog.models import model_from_hf_config
 from hetersim.pytree import replace
 from hetersim.simulate import simulate
 from hetersim.terms import compute, flops, memory, moe, tiles
-from hetersim.types import Dispatcher
+from hetersim.types import Dispatcher, Precision, Stack
 
 from .conftest import make
 
@@ -485,6 +485,43 @@ def test_per_expert_launches_leave_sms_idle_and_one_grouped_kernel_does_not(cata
     one = replace(plan, ep=plan.ep * 0 + 128)  # one expert per rank: a single launch either way
     one_f = replace(one, fused_experts=one.fused_experts * 0 + 1)
     assert float(moe.experts_fwd_s(dev, cal, model, one)) == float(moe.experts_fwd_s(dev, cal, model, one_f))
+
+
+def _on_stack(plan, name):
+    return replace(plan, stack_code=plan.stack_code * 0 + Stack.parse(name, "stack").value)
+
+
+def test_a_stack_launches_its_experts_as_its_code_does(catalog, cal):
+    """catalog/stacks.toml ``experts``: Megatron-Core's TEGroupedMLP launches a GEMM per local
+    expert on Transformer Engine's 4 streams; torchtitan (torch._grouped_mm) and llm-foundry
+    (MegaBlocks' gmm) one grouped kernel per matrix; DeepSpeed-MoE and Hugging Face's eager MoE
+    blocks a GEMM per expert from a Python loop, one at a time. With 16 experts of 512 tokens on
+    an H100 the grouped kernel is the fastest and the loop the slowest, forward and backward;
+    with one expert per rank all three are the same single launch."""
+    model, system, plan = _moe(catalog, "qwen3-30b-a3b", n_gpus=16, ep=8, global_batch=16)
+    dev = system.device
+    launches = {
+        name: [float(x) for x in moe.expert_launches(model, _on_stack(plan, name))]
+        for name in ("megatron", "torchtitan", "llm-foundry", "deepspeed", "fsdp")
+    }
+    assert launches == {
+        "megatron": [16.0, 16.0, 4.0],
+        "torchtitan": [16.0, 1.0, 16.0],
+        "llm-foundry": [16.0, 1.0, 16.0],
+        "deepspeed": [16.0, 16.0, 1.0],
+        "fsdp": [16.0, 16.0, 1.0],
+    }
+    kinds = ("torchtitan", "megatron", "deepspeed")  # grouped, streams, loop
+    for fn in (moe.experts_fwd_s, moe.experts_bwd_s):
+        grouped, streams, loop = (float(fn(dev, cal, model, _on_stack(plan, n))) for n in kinds)
+        assert grouped < streams < loop
+    one = replace(plan, ep=plan.ep * 0 + 128)
+    times = {float(moe.experts_fwd_s(dev, cal, model, _on_stack(one, n))) for n in kinds}
+    assert len(times) == 1
+    # FP8 casts: Transformer Engine quantizes each expert's split; a grouped stack the whole operand.
+    fp8 = replace(plan, precision_code=plan.precision_code * 0 + Precision.FP8)
+    assert float(moe.quantize_launches(model, fp8)) == 16.0
+    assert float(moe.quantize_launches(model, _on_stack(fp8, "torchtitan"))) == 1.0
 
 
 def test_an_mla_row_with_assumed_recompute_tries_the_mla_up_proj_module_before_full(catalog):

@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 12
+        assert len(facts) == 13
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .. import stacks
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
 from ..types import N_LEVELS, Dispatcher, Precision
 from ..units import US
@@ -64,15 +65,25 @@ def expert_gemm_shapes(m: ModelSpec, plan: Plan):
 TE_STREAMS = 4.0
 
 
+def grouped_gemms(plan: Plan):
+    """True where the routed experts' GEMMs run as one grouped kernel per matrix: the plan's fused
+    grouped MLP (``fused_experts``) or a stack whose experts are grouped (``experts = "grouped"``
+    in catalog/stacks.toml: torch._grouped_mm, MegaBlocks' gmm)."""
+    return (plan.fused_experts > 0) | (compute.stack_fact(stacks.table().grouped_experts, plan) > 0)
+
+
 def expert_launches(m: ModelSpec, plan: Plan):
     """(count, kernels, concurrent) of one expert GEMM shape over the local experts: one grouped
-    kernel whose tiles of every expert share the SMs (``fused_experts``: Megatron-Bridge's
-    cutedsl_fused_grouped_mlp), or Transformer Engine's default, a launch per expert with at
-    most :data:`TE_STREAMS` of them sharing the SMs, so an expert with few output tiles leaves
-    SMs idle (wave quantization per launch: :func:`hetersim.terms.tiles.wave_eff`)."""
+    kernel whose tiles of every expert share the SMs (:func:`grouped_gemms`), Transformer Engine's
+    default, a launch per expert with at most :data:`TE_STREAMS` of them sharing the SMs, or a
+    stack's Python loop over the experts (``experts = "loop"``), a launch per expert, one at a
+    time; so an expert with few output tiles leaves SMs idle (wave quantization per launch:
+    :func:`hetersim.terms.tiles.wave_eff`)."""
     n = local_experts(m, plan)
-    fused = plan.fused_experts > 0
-    return n, jnp.where(fused, 1.0, n), jnp.where(fused, n, jnp.minimum(n, TE_STREAMS))
+    grouped = grouped_gemms(plan)
+    loop = compute.stack_fact(stacks.table().expert_loop, plan) > 0
+    streams = jnp.where(loop, 1.0, jnp.minimum(n, TE_STREAMS))
+    return n, jnp.where(grouped, 1.0, n), jnp.where(grouped, n, streams)
 
 
 def experts_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
@@ -141,7 +152,7 @@ def quantize_launches(m: ModelSpec, plan: Plan):
     split kernel, ``FUSED_NVFP4``); one kernel in the fused grouped MLP (``tex.group_quantize``)
     and none in 16-bit runs. ``fp8`` is taken as current scaling, the Megatron-Bridge performance
     recipes' ``fp8_cs`` (under delayed scaling Transformer Engine would fuse the casts: one kernel)."""
-    per_expert = compute.low_precision(plan) & (plan.precision_code != Precision.NVFP4) & ~(plan.fused_experts > 0)
+    per_expert = compute.low_precision(plan) & (plan.precision_code != Precision.NVFP4) & ~grouped_gemms(plan)
     n = jnp.where(per_expert, jnp.maximum(local_experts(m, plan), 1.0), 1.0)
     return jnp.where(compute.low_precision(plan), n, 0.0)
 
