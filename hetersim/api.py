@@ -175,6 +175,8 @@ def configure(
         if cxl_expander or cxl_pool or cxl_p2p:
             message = "{0} options apply to one device kind; describe a mix's tiers with {1} files"
             raise FieldError(message, "cxl", "catalog")
+        if resolved.get("dualpipe"):
+            raise FieldError("{0}: a mix of device kinds runs 1F1B (DualPipe is priced for one kind)", "dualpipe")
         check_plan(groups, dict(resolved), hetero)
         layers = list(layers_per_stage or ()) or None
         system = cluster_spec(groups, cat.links, hetero, layers, memory=cat.memory, fleets=cat.fleets)
@@ -428,6 +430,8 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "pp",
             "vp",
         )
+    if resolved.get("dualpipe"):  # simulate's Infeasible.SCHEDULE flags the same in a sweep
+        _check_dualpipe(pp, vp, n_micro)
     shard = int(resolved.get("shard_group") or 0)
     if shard and (dp * cp) % shard:  # simulate's Infeasible.SHARD_GROUP flags the same in a sweep
         raise FieldError(
@@ -445,6 +449,21 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "precision",
         )
     check_experts(model, resolved)
+
+
+def _check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
+    """DualPipe's own rules (:func:`hetersim.simulate.dualpipe_bad`)."""
+    if pp < 2 or pp % 2 or vp > 1:
+        raise FieldError(f"{{0}} needs an even {{1}} >= 2 and {{2}} 1 (got {pp} and {vp})", "dualpipe", "pp", "vp")
+    if n_micro % 2 or n_micro < 2 * pp:
+        raise FieldError(
+            f"{{0}} needs an even number of at least 2 x {{1}} = {2 * pp} micro-batches; {{2}} / ({{3}} x dp) "
+            f"gives {n_micro} (deepseek-ai/DualPipe DualPipe.step)",
+            "dualpipe",
+            "pp",
+            "global_batch",
+            "micro_batch",
+        )
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:

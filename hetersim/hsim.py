@@ -510,5 +510,7 @@ def common_plan(hplan, seq_len: int) -> Plan:
     from . import build
 
     opts = {k: v for k, v in hplan.options.items()}
+    if opts.get("dualpipe"):
+        raise ValueError("dualpipe: a heterogeneous plan's stages run 1F1B (DualPipe is priced for one device kind)")
     opts.setdefault("seq_len", seq_len)
     return build.plan_spec(n_gpus=1, tp=1, pp=1, cp=opts.pop("cp", 1), **{k: v for k, v in opts.items()})

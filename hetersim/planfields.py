@@ -24,6 +24,8 @@ import numpy as np
 
 from .planhelp import (
     _DISP_NAME,
+    _DUALPIPE_HELP,
+    _DUALPIPE_NAME,
     _EP_ALIAS,
     _EPO_ALIAS,
     _EPO_HELP,
@@ -218,6 +220,7 @@ FIELDS: tuple[PlanField, ...] = (
         help="Virtual pipeline chunks per stage (interleaved 1F1B when > 1).",
         aliases=("--virtual-pipeline-model-parallel-size",),
     ),
+    PlanField("dualpipe", "bool", False, _DUALPIPE_NAME, axis=True, help=_DUALPIPE_HELP),
     # Expert parallelism (Megatron-Core "MoE parallel folding", arXiv 2504.14960): a stage's tp*cp*dp
     # ranks regrouped for the MoE layers as etp*ep*edp (edp = tp*cp*dp / (ep*etp)).
     PlanField("ep", "int", 1, "expert-parallel size", label="ep", axis=True, hi=MAX_GPUS, aliases=_EP_ALIAS),

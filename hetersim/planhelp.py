@@ -28,6 +28,10 @@ _FUSED_HELP = ("Routed experts in one grouped kernel (Megatron-Bridge's cutedsl_
 _LAYOUT_NAME = "an explicit pipeline layout places the layers (interleaved chunks of unequal size)"
 _LAYOUT_HELP = ("Megatron-Core's pipeline_model_parallel_layout (MoE models): interleaved chunks may hold different "
                 "numbers of layers, at most ceil(layers / (pp*vp)) each, so layers need not divide pp*vp.")  # fmt: skip
+_DUALPIPE_NAME = "DeepSeek's bidirectional pipeline schedule (DualPipe): each rank holds two stages"
+_DUALPIPE_HELP = ("DualPipe (DeepSeek-V3 report; deepseek-ai/DualPipe): micro-batches enter from both ends, bubble "
+                  "(pp/2-1)(F&B+B-3W), two stages' parameters per rank, pp+1 micro-batches in flight; needs an even "
+                  "pp, vp 1 and an even number of at least 2 x pp micro-batches.")  # fmt: skip
 _MLA_NAME = "selective recomputation rebuilds MLA's up projections instead of the attention core"
 _MLA_HELP = (
     "Selective recomputation of Megatron-Core's --recompute-modules mla_up_proj: MLA's query and key/value up "

@@ -30,7 +30,7 @@ from .layer import LayerCosts, layer_costs, p2p_chunk_s
 from .outputs import OUTPUTS, STEP_TERMS
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
-from .terms import comm, compute, memory, offload
+from .terms import comm, compute, memory, offload, schedule
 from .terms import goodput as goodput_terms
 from .terms._safe import pos, safe_div
 from .terms.dp import collective_parts, hidden_traffic_s, list_copy_s, param_tensors, zero3_regather
@@ -136,7 +136,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     )
     f |= _flag((plan.cp > 1) & _not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
     bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | _not_multiple(n_micro, plan.pp))
-    f |= _flag(bad_schedule | (plan.vp < 1), Infeasible.SCHEDULE)
+    f |= _flag(bad_schedule | (plan.vp < 1) | schedule.dualpipe_bad(plan, n_micro), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
@@ -255,7 +255,9 @@ def pipeline_step(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibra
     rest_moe = moe_total - n_moe
     rest_dense = (total - layers) - rest_moe
     others = rest_dense * layer_time(lc) + rest_moe * moe_layer_time(lc) + (plan.pp - 1.0) * t["pp_s"]
-    bubble = jnp.where(plan.pp > 1, others / plan.vp, 0.0)
+    one_f_one_b = others / plan.vp
+    bubble = jnp.where(plan.dualpipe > 0, others * schedule.dualpipe_bubble_share(plan, t), one_f_one_b)
+    bubble = jnp.where(plan.pp > 1, bubble, 0.0)
     return PipelineStep(n_micro=micro_batches(plan), layers=layers, bubble_s=bubble, **t)
 
 
@@ -279,7 +281,8 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
 
     root = jnp.where(jnp.asarray(1.0 if vocab_mats is None else vocab_mats) > 0, 1.0, 0.0)
 
-    p_dense = memory.local_params(model, plan, pipe.layers, vocab_mats)
+    # Under DualPipe a rank holds two stages and reduces both stages' gradients.
+    p_dense = memory.local_params(model, plan, pipe.layers, vocab_mats) * schedule.dualpipe_stages(plan)
     tensors = param_tensors(model, pipe.layers, root)
     n_shard = memory.zero_group(plan)
     dense = collective_parts(net, plan, p_dense, n_dp, n_shard, s_dpg, pipe.layers + root, tensors=tensors)
@@ -291,7 +294,7 @@ def dp_comm_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibration
         # Routed experts: their gradients are reduced over the expert-data-parallel group (ranks
         # ep*etp apart), in the same buckets and windows; none where it has one rank.
         moe_units = memory.moe_stage_layers(model, pipe.layers)
-        p_exp = memory.expert_local_params(model, plan, pipe.layers)
+        p_exp = memory.expert_local_params(model, plan, pipe.layers) * schedule.dualpipe_stages(plan)
         experts = collective_parts(net, plan, p_exp, n_edp, n_edp, plan.ep * plan.etp, moe_units, hybrid=False)
         on = jnp.where(n_edp > 1, 1.0, 0.0)
         (ar_bw, ar_lat), (rs_bw, rs_lat), (ag_bw, ag_lat) = (

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from ..specs import ModelSpec, Plan
 from ..types import Attention, GradReduce, Loss, Precision, Recompute, Stack
 from ..units import GiB
-from . import compute, moe
+from . import compute, moe, schedule
 from .flops import dense_mlp_params, expert_params, kv_width, layer_params, n_mlp_matrices, q_width
 
 WEIGHT_BYTES = 2.0  # 16-bit working weights (fp32 training: 4)
@@ -148,15 +148,24 @@ def grad_wire_bytes(plan: Plan):
     return jnp.where(code == GradReduce.FP32, GRAD_BYTES, forced)
 
 
+def _dualpipe_copies(plan: Plan, stage):
+    """What DualPipe's second stage adds to a state ZeRO shards from ``stage`` on: a whole copy
+    where it is not sharded; nothing where it is, as the ranks holding a stage double too (its own
+    data-parallel ranks and those of its mirror) and each keeps the same share."""
+    return jnp.where(plan.zero >= stage, 1.0, schedule.dualpipe_stages(plan))
+
+
 def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
     """(weights, gradients, optimizer) bytes per GPU before any offload (of the busiest stage, or
-    of a stage of ``layers`` layers and ``vocab_mats`` vocabulary matrices)."""
+    of a stage of ``layers`` layers and ``vocab_mats`` vocabulary matrices; under DualPipe its
+    rank's two stages: :func:`hetersim.terms.schedule.dualpipe_stages`)."""
     p = local_params(m, plan, layers, vocab_mats)
     pe = expert_local_params(m, plan, layers)
     n, ne = zero_group(plan), expert_dp(plan)
 
     def sharded(stage):
-        return p / jnp.where(plan.zero >= stage, n, 1.0) + pe / jnp.where(plan.zero >= stage, ne, 1.0)
+        held = p / jnp.where(plan.zero >= stage, n, 1.0) + pe / jnp.where(plan.zero >= stage, ne, 1.0)
+        return held * _dualpipe_copies(plan, stage)
 
     wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, WEIGHT_BYTES)
     opt_bytes = OPTIMIZER_BYTES + jnp.where(deepspeed_16bit(plan), FP32_GRAD_COPY_BYTES, 0.0)
@@ -168,7 +177,8 @@ def optimizer_params(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
     parameters)."""
     n, ne = zero_group(plan), expert_dp(plan)
     dense = local_params(m, plan, layers, vocab_mats) / jnp.where(plan.zero >= 1, n, 1.0)
-    return dense + expert_local_params(m, plan, layers) / jnp.where(plan.zero >= 1, ne, 1.0)
+    experts = expert_local_params(m, plan, layers) / jnp.where(plan.zero >= 1, ne, 1.0)
+    return (dense + experts) * _dualpipe_copies(plan, 1)
 
 
 def layer_activation_bytes(m: ModelSpec, plan: Plan):
@@ -261,9 +271,11 @@ def moe_activation_delta(m: ModelSpec, plan: Plan, routed, local):
 
 def inflight_microbatches(plan: Plan, n_micro):
     """Micro-batches whose activations the first stage holds at once: ``min(pp, m)`` under 1F1B,
-    times ``1 + (pp-1)/(pp*v)`` when interleaved (Korthikanti et al. §4.2.3)."""
+    times ``1 + (pp-1)/(pp*v)`` when interleaved (Korthikanti et al. §4.2.3); ``pp + 1`` under
+    DualPipe ("Activation PP+1", deepseek-ai/DualPipe @ 89f5de17 README)."""
     base = jnp.minimum(plan.pp, n_micro)
-    return base * (1.0 + (plan.pp - 1.0) / (plan.pp * plan.vp) * (plan.vp > 1))
+    one_f_one_b = base * (1.0 + (plan.pp - 1.0) / (plan.pp * plan.vp) * (plan.vp > 1))
+    return jnp.where(schedule.dualpipe_stages(plan) > 1.0, jnp.minimum(plan.pp + 1.0, n_micro), one_f_one_b)
 
 
 def activation_bytes(m: ModelSpec, plan: Plan, n_micro, layers=None, inflight=None):
