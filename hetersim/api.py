@@ -452,7 +452,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
 
 
 def _check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
-    """DualPipe's own rules (:func:`hetersim.simulate.dualpipe_bad`)."""
+    """DualPipe's own rules (:func:`hetersim.terms.schedule.dualpipe_bad` flags the same in a sweep)."""
     if pp < 2 or pp % 2 or vp > 1:
         raise FieldError(f"{{0}} needs an even {{1}} >= 2 and {{2}} 1 (got {pp} and {vp})", "dualpipe", "pp", "vp")
     if n_micro % 2 or n_micro < 2 * pp:

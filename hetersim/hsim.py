@@ -202,6 +202,8 @@ def simulate_plan(model: ModelSpec, hs: HeteroSpec, plan: Plan, cal: Calibration
     flags = jnp.where(split["ok"], 0, int(Infeasible.LAYERS_DIVIDE)) | jnp.where(
         batch_ok, 0, int(Infeasible.BATCH_DIVIDE)
     )
+    # The stages of a mix run 1F1B (the bubble above): a DualPipe point of a mixed sweep is flagged.
+    flags = flags | jnp.where(plan.dualpipe > 0, int(Infeasible.SCHEDULE), 0)
     total = _job(model, hs, plan, st, sys, out, terms, m_b, flags)
     return HeteroBreakdown(
         total=total,

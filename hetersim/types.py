@@ -293,7 +293,7 @@ REASONS = {
     Infeasible.HEADS_DIVIDE: "attention heads or KV heads are not divisible by tp",
     Infeasible.SEQ_DIVIDE: "sequence length is not divisible by 2*cp",
     Infeasible.SCHEDULE: "interleaving (vp>1) needs pp>1 and a number of micro-batches divisible by pp; DualPipe "
-    "an even pp, vp 1 and an even number of at least 2*pp micro-batches",
+    "an even pp, vp 1, an even number of at least 2*pp micro-batches and one device kind",
     Infeasible.HBM_CAPACITY: "does not fit in HBM",
     Infeasible.PRECISION: "the device has no peak for this precision",
     Infeasible.TIER_CAPACITY: "an offload tier is over-full",

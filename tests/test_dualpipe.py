@@ -8,6 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
+from hetersim import build
+from hetersim.cluster import cluster_spec, simulate_cluster
 from hetersim.simulate import micro_batches, pipeline_step, simulate
 from hetersim.terms import memory
 from hetersim.types import Infeasible
@@ -99,3 +101,17 @@ def test_a_mix_of_device_kinds_refuses_dualpipe():
     ).split()
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and "a mix of device kinds runs 1F1B" in result.output, result.output
+
+
+def test_a_mixed_sweep_point_with_dualpipe_is_flagged(catalog, cal):
+    """A sweep over a mix of kinds prices its stages as 1F1B, so a DualPipe point there is
+    infeasible data, not a half-DualPipe price."""
+    entries = [(catalog.gpu("h100-sxm-80gb"), 32), (catalog.gpu("h200-sxm-141gb"), 32)]
+    model = build.model_spec(catalog.model("llama2-70b"))
+    mix = cluster_spec(entries, catalog.links, "pipeline")
+    flags = {}
+    for dual in (False, True):
+        plan = build.plan_spec(**{**LAYOUT, "seq_len": 4096, "dualpipe": dual})
+        flags[dual] = int(jax.jit(simulate_cluster)(model, mix, plan, cal).total.infeasible)
+    assert not flags[False] & Infeasible.SCHEDULE
+    assert flags[True] & Infeasible.SCHEDULE
