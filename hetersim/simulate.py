@@ -32,7 +32,7 @@ from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
 from .terms import comm, compute, memory, offload, schedule
 from .terms import goodput as goodput_terms
-from .terms._safe import pos, safe_div
+from .terms._safe import not_multiple, pos, safe_div
 from .terms.dp import collective_parts, hidden_traffic_s, list_copy_s, param_tensors, zero3_regather
 from .terms.flops import model_flops_per_token, total_params
 from .types import Infeasible, Recompute
@@ -89,12 +89,6 @@ def _flag(cond, bit):
     return jnp.where(cond, jnp.int32(int(bit)), jnp.int32(0))
 
 
-def _not_multiple(a, b):
-    """True where ``a`` is not an integer multiple of ``b`` (float-safe)."""
-    q = safe_div(a, b)
-    return (b <= 0) | (jnp.abs(q - jnp.round(q)) > 1e-4) | (q < 1.0 - 1e-4)
-
-
 def micro_batches(plan: Plan):
     """Micro-batches per step and data-parallel replica (at least one)."""
     return jnp.maximum(safe_div(plan.global_batch, plan.micro_batch * plan.dp, 1.0), 1.0)
@@ -113,14 +107,14 @@ def layers_split_for_interleaving(layers, chunks):
     divisible by vp (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build``
     @ d98e8a64dd). So LLaMA-3-405B's 126 layers run as pp8 vp8 (128 = 8 x 8 x 2) and 32 layers
     cannot run as pp4 vp3."""
-    return ~(_not_multiple(layers, chunks) & _not_multiple(layers + 1.0, chunks) & _not_multiple(layers + 2.0, chunks))
+    return ~(not_multiple(layers, chunks) & not_multiple(layers + 1.0, chunks) & not_multiple(layers + 2.0, chunks))
 
 
 def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> Any:
     """Bits of the layout rules (counts that must divide, a schedule that must exist)."""
     dev = system.device
     f = _flag(jnp.abs(plan.tp * plan.pp * plan.dp * plan.cp - plan.n_gpus) > 0.5, Infeasible.GPU_COUNT)
-    f |= _flag(_not_multiple(plan.global_batch, plan.micro_batch * plan.dp), Infeasible.BATCH_DIVIDE)
+    f |= _flag(not_multiple(plan.global_batch, plan.micro_batch * plan.dp), Infeasible.BATCH_DIVIDE)
     # A stage chunk with no layer at all is impossible. One-chunk stages may split the layers
     # unevenly (Megatron's decoder_first/last_pipeline_num_layers, torchtitan); an interleaved
     # schedule needs layers_split_for_interleaving.
@@ -130,17 +124,17 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     if model.extra is not None:  # an explicit layout places unequal chunks (read for MoE models only)
         uneven = uneven & ~(plan.pp_layout > 0)
     f |= _flag(uneven, Infeasible.LAYERS_DIVIDE)
-    f |= _flag(_not_multiple(model.heads, plan.tp) | _not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
+    f |= _flag(not_multiple(model.heads, plan.tp) | not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
     f |= _flag(
-        _not_multiple(model.hidden, plan.tp) | _not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE
+        not_multiple(model.hidden, plan.tp) | not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE
     )
-    f |= _flag((plan.cp > 1) & _not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
-    bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | _not_multiple(n_micro, plan.pp))
+    f |= _flag((plan.cp > 1) & not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
+    bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | not_multiple(n_micro, plan.pp))
     f |= _flag(bad_schedule | (plan.vp < 1) | schedule.dualpipe_bad(plan, n_micro), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
-    f |= _flag((plan.shard_group > 0) & _not_multiple(memory.dp_ranks(plan), plan.shard_group), Infeasible.SHARD_GROUP)
+    f |= _flag((plan.shard_group > 0) & not_multiple(memory.dp_ranks(plan), plan.shard_group), Infeasible.SHARD_GROUP)
     return f
 
 
@@ -151,8 +145,8 @@ def expert_layout_bad(model: ModelSpec, plan: Plan):
     width, MoE with tensor parallelism runs sequence-parallel; a dense model has no experts."""
     moe = model.moe_layers > 0
     dense_bad = ~moe & ((plan.ep > 1) | (plan.etp > 1))
-    moe_bad = _not_multiple(model.n_experts, plan.ep) | _not_multiple(plan.tp * plan.cp * plan.dp, plan.ep * plan.etp)
-    moe_bad |= _not_multiple(model.moe_ffn_hidden, plan.etp) | ((plan.tp > 1) & (plan.sp <= 0))
+    moe_bad = not_multiple(model.n_experts, plan.ep) | not_multiple(plan.tp * plan.cp * plan.dp, plan.ep * plan.etp)
+    moe_bad |= not_multiple(model.moe_ffn_hidden, plan.etp) | ((plan.tp > 1) & (plan.sp <= 0))
     return dense_bad | (moe & moe_bad)
 
 

@@ -17,3 +17,9 @@ def safe_log2(x):
 def pos(x):
     """max(x, 0)."""
     return jnp.maximum(x, 0.0)
+
+
+def not_multiple(a, b):
+    """True where ``a`` is not an integer multiple of ``b`` (float-safe)."""
+    q = safe_div(a, b)
+    return (b <= 0) | (jnp.abs(q - jnp.round(q)) > 1e-4) | (q < 1.0 - 1e-4)

@@ -21,11 +21,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ..specs import Plan
-from ._safe import safe_div
-
-
-def _odd(x):
-    return jnp.abs(x / 2.0 - jnp.round(x / 2.0)) > 1e-4
+from ._safe import not_multiple, safe_div
 
 
 def dualpipe_stages(plan: Plan):
@@ -40,7 +36,7 @@ def dualpipe_bad(plan: Plan, n_micro) -> Any:
     least twice as many micro-batches (deepseek-ai/DualPipe @ 030ce432 dualpipe/dualpipe.py
     ``DualPipe.step``: ``assert num_ranks % 2 == 0``, ``num_chunks % 2 == 0 and num_chunks >=
     num_ranks * 2``; its ranks each run one stage of each direction, not interleaved chunks)."""
-    odd = _odd(plan.pp) | _odd(n_micro)
+    odd = not_multiple(plan.pp, 2.0) | not_multiple(n_micro, 2.0)
     return (plan.dualpipe > 0) & ((plan.pp < 2) | odd | (plan.vp > 1) | (n_micro < 2.0 * plan.pp))
 
 
