@@ -44,6 +44,8 @@ from .planhelp import (
     _LAYOUT_NAME,
     _MLA_HELP,
     _MLA_NAME,
+    _MOM_HELP,
+    _MOM_NAME,
     _SG_HELP,
     _SG_NAME,
     _Z3P,
@@ -57,6 +59,7 @@ from .types import (
     Dispatcher,
     GradReduce,
     Loss,
+    Moments,
     OffloadState,
     Order,
     Precision,
@@ -416,6 +419,7 @@ FIELDS: tuple[PlanField, ...] = (
     ),
     PlanField("zero3_prefetch", "bool", True, _Z3P_NAME, help=_Z3P, off_flag="--no-zero3-prefetch"),
     PlanField("grad_reduce", "choice", "auto", _GR_NAME, label="gr", axis=True, options=GradReduce, help=_GR_HELP),
+    PlanField("moments", "choice", "fp32", _MOM_NAME, label="mom", axis=True, options=Moments, help=_MOM_HELP),
 )
 BY_NAME: dict[str, PlanField] = {f.name: f for f in FIELDS}
 
@@ -460,18 +464,13 @@ def resolve_sp(sp, tp, xp=np):
     return xp.where(xp.asarray(sp) < 0, xp.asarray(tp) > 1, xp.asarray(sp) > 0)
 
 
-def sp_code(value: Any) -> int:
-    """A study's ``sp`` value as a table code: -1 auto, 0 off, 1 on."""
-    return -1 if value in (AUTO, None) else int(bool(value))
-
-
 def encode(name: str, value: Any) -> int:
     """The table code of an axis value (a choice's name, ``sp``'s auto/bool, an integer)."""
     f = BY_NAME[name]
     if f.kind == "choice":
         return f.options.parse(value, name).value  # type: ignore[union-attr]
-    if name == "sp":
-        return sp_code(value)
+    if name == "sp":  # -1 auto, 0 off, 1 on
+        return -1 if value in (AUTO, None) else int(bool(value))
     if f.kind == "bool":
         return int(bool(value))
     return int(value)

@@ -40,3 +40,8 @@ _MLA_HELP = (
 _SG_NAME = "data-parallel ranks a ZeRO / FSDP shard group spans (hybrid sharding)"
 _SG_HELP = ("Hybrid sharding: ZeRO / FSDP states sharded over groups of this many adjacent data-parallel "
                "ranks, replicated across the groups (FSDP HYBRID_SHARD, FSDP2 replicate x shard); 0: all.")  # fmt: skip
+_MOM_NAME = "dtype of Adam's moments (bf16: Megatron-Core's precision-aware optimizer)"
+_MOM_HELP = ("Adam's moments in fp32 (default) or bf16, Megatron-Core's precision-aware optimizer (exp_avg_dtype = "
+             "exp_avg_sq_dtype = bf16; the DeepSeek-V3 recipes): 2 + 2 bytes per parameter instead of 4 + 4, and "
+             "in bf16 training the fp32 master weight kept as a 16-bit remainder beside the bf16 weight "
+             "(store_param_remainders). A CPU optimizer keeps fp32 moments.")  # fmt: skip

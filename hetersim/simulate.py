@@ -125,9 +125,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
         uneven = uneven & ~(plan.pp_layout > 0)
     f |= _flag(uneven, Infeasible.LAYERS_DIVIDE)
     f |= _flag(not_multiple(model.heads, plan.tp) | not_multiple(model.kv_heads, plan.tp), Infeasible.HEADS_DIVIDE)
-    f |= _flag(
-        not_multiple(model.hidden, plan.tp) | not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE
-    )
+    f |= _flag(not_multiple(model.hidden, plan.tp) | not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE)
     f |= _flag((plan.cp > 1) & not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
     bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | not_multiple(n_micro, plan.pp))
     f |= _flag(bad_schedule | (plan.vp < 1) | schedule.dualpipe_bad(plan, n_micro), Infeasible.SCHEDULE)
@@ -373,7 +371,7 @@ def optimizer_offload(
         acts_mb=acts_mb,
         t_fwd=pipe.fwd_s,
         t_bwd=pipe.bwd_s,
-        gpu_opt_s=compute.optimizer_gpu_s(system.device, cal, opt_params),
+        gpu_opt_s=compute.optimizer_gpu_s(system.device, cal, opt_params, memory.optimizer_bytes(plan)),
     )
 
 

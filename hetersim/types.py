@@ -111,6 +111,20 @@ class GradReduce(Choice):
     MODEL = 2
 
 
+# The dtype of Adam's two moments: "fp32" (every stack's default) or "bf16", Megatron-Core's
+# precision-aware optimizer (use_precision_aware_optimizer with exp_avg_dtype = exp_avg_sq_dtype =
+# bf16, Transformer Engine's FusedAdam: NVIDIA/Megatron-LM@d98e8a64
+# megatron/core/optimizer/optimizer_config.py), which the Megatron-Bridge DeepSeek-V3 performance
+# recipes set (src/megatron/bridge/perf_recipes/deepseek/common.py
+# _enable_deepseek_precision_aware_optimizer @067f987) and DeepSeek-V3 trained with (report §3.3.3).
+MomentsName = Literal["fp32", "bf16"]
+
+
+class Moments(Choice):
+    FP32 = 0
+    BF16 = 1
+
+
 # How MoE tokens reach their experts' ranks: "alltoall" one NCCL all-to-all of every token copy
 # (Megatron-Core's MoEAlltoAllTokenDispatcher, its default moe_token_dispatcher_type); "deepep"
 # hierarchical: each token crosses the scale-out network once per destination node and fans out

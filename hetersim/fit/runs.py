@@ -243,6 +243,8 @@ TOKEN_DROP_IMBALANCE = 1.0
 # ``fp8_attention``: the preset's fp8_dot_product_attention (1: set; 0 or empty: not set, or not checked
 # where the model has no sliding-window layers, on which alone it acts).
 # ``pp_layout``: the preset's (or its recipe's) explicit pipeline layout, where it sets one.
+# ``moments``: the dtype of Adam's moments where the source gives it (bf16: Megatron-Core's
+# precision-aware optimizer, or DeepSeek's BF16 moments; empty: fp32).
 def _run_configs() -> dict[str, dict[str, str]]:
     path = Path(str(resources.files("hetersim") / "data" / "moe_run_configs.csv"))
     return {r["id"]: r for r in csv.DictReader(io.StringIO(path.read_text(), newline=""))}
@@ -291,6 +293,7 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         fused_experts=(config.get("fused_experts") or "0").strip() == "1",
         fp8_attention=(config.get("fp8_attention") or "0").strip() == "1",
         pp_layout=bool((config.get("pp_layout") or "").strip()),
+        moments=(config.get("moments") or "fp32").strip().lower(),
     )
 
 

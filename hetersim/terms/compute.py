@@ -591,7 +591,8 @@ def head_s(dev, cal, m, plan):
     return g + loss + embed
 
 
-def optimizer_gpu_s(dev, cal, params_local):
-    """Adam on the GPU (fused, multi-tensor): per parameter it reads fp32 master weight, m, v and
-    the fp32 gradient (16 bytes) and writes master, m, v and the 16-bit weight (14 bytes)."""
-    return stream_s(dev, cal, 30.0 * params_local, 4.0)
+def optimizer_gpu_s(dev, cal, params_local, state_bytes=12.0):
+    """Adam on the GPU (fused, multi-tensor): per parameter it reads its state (fp32 master weight,
+    m and v: ``state_bytes``, 12) and the fp32 gradient and writes the state and the 16-bit weight:
+    30 bytes with fp32 states."""
+    return stream_s(dev, cal, (2.0 * state_bytes + 6.0) * params_local, 4.0)

@@ -113,7 +113,7 @@ def checkpoint_bytes(model: ModelSpec, plan: Plan, states):
     w_rep = jnp.where(plan.zero >= 3, 1.0, n)
     o_rep = jnp.where(plan.zero >= 1, 1.0, n)
     wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, memory.WEIGHT_BYTES)
-    total = total_params(model) * (wbytes + memory.OPTIMIZER_BYTES)
+    total = total_params(model) * (wbytes + memory.optimizer_bytes(plan))
     return weights / w_rep + opt / o_rep, total
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..specs import ModelSpec, Plan
-from ..types import Attention, GradReduce, Loss, Precision, Recompute, Stack
+from ..types import Attention, GradReduce, Loss, Moments, Precision, Recompute, Stack
 from ..units import GiB
 from . import compute, moe, schedule
 from .flops import dense_mlp_params, expert_params, kv_width, layer_params, n_mlp_matrices, q_width
@@ -15,6 +15,16 @@ GRAD_BYTES = 4.0  # fp32 gradient buffer: Megatron DDP main_grad (zero 0), FSDP2
 GRAD_BYTES_DIST_OPT = 2.0  # Megatron's distributed optimizer keeps its grad buffer in the parameter
 # dtype by default (DistributedDataParallelConfig.grad_reduce_in_fp32 = False)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights, Adam m and v
+# Megatron-Core's precision-aware optimizer (``moments = bf16``): m and v in bf16, 2 bytes each
+# (exp_avg_dtype / exp_avg_sq_dtype); in bf16 training without a non-delayed FP8 recipe Transformer
+# Engine's FusedAdam keeps the fp32 master weight as the 16 bits the bf16 weight lacks
+# (store_param_remainders, default True: the distributed optimizer allocates the master shard as
+# int16 where bf16 and use_precision_aware_optimizer_no_fp8_or_ds_fp8; with an FP8 recipe
+# Megatron-Core keeps an fp32 master. NVIDIA/Megatron-LM@d98e8a64
+# megatron/core/optimizer/optimizer_config.py l.187-208 and 407-414, distrib_optimizer.py
+# l.1007-1013). The model's ``fp8`` is taken as current scaling (an fp32 master).
+BF16_MOMENTS_BYTES = 4.0
+MASTER_REMAINDER_BYTES = 2.0
 # CUDA context, cuBLAS workspace, NCCL channel buffers. An estimate: neither fitted (calibration.toml
 # holds only the constants of hetersim.fit.calibration.BOUNDS) nor measured in this repository.
 RUNTIME_RESERVED_GiB = 1.5
@@ -168,8 +178,17 @@ def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
         return held * _dualpipe_copies(plan, stage)
 
     wbytes = jnp.where(plan.precision_code == Precision.FP32, 4.0, WEIGHT_BYTES)
-    opt_bytes = OPTIMIZER_BYTES + jnp.where(deepspeed_16bit(plan), FP32_GRAD_COPY_BYTES, 0.0)
+    opt_bytes = optimizer_bytes(plan) + jnp.where(deepspeed_16bit(plan), FP32_GRAD_COPY_BYTES, 0.0)
     return sharded(3) * wbytes, sharded(2) * grad_bytes(plan), sharded(1) * opt_bytes
+
+
+def optimizer_bytes(plan: Plan):
+    """Adam's state per parameter: the fp32 master weight and two moments, 12 bytes; with bf16
+    moments (``moments = bf16``, on the GPU) 8, or 6 where bf16 training keeps the master as a
+    16-bit remainder (:data:`BF16_MOMENTS_BYTES`). A CPU optimizer keeps fp32 states."""
+    bf16 = (plan.moments_code == Moments.BF16) & ~(plan.cpu_optimizer > 0)
+    master = jnp.where(bf16 & (plan.precision_code == Precision.BF16), MASTER_REMAINDER_BYTES, 4.0)
+    return master + jnp.where(bf16, BF16_MOMENTS_BYTES, OPTIMIZER_BYTES - 4.0)
 
 
 def optimizer_params(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):

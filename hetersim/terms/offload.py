@@ -74,8 +74,8 @@ CPU_ADAM_TIER_BYTES = 21.8
 # DeepSpeed's optimizer_gradients phase before CPU-Adam: the fp32 gradient is read for its norm
 # and read and written once to unscale and clip it (stage_1_and_2.py).
 CPU_GRAD_PASS_BYTES = 12.0
-# GPU Adam on streamed states: fp32 master weight, m and v come in and go back out.
-OPT_STREAM_BYTES = memory.OPTIMIZER_BYTES
+# GPU Adam on streamed states: its state (fp32 master weight, m and v; fewer bytes with bf16
+# moments, memory.optimizer_bytes) comes in and goes back out.
 
 _NO_LIMIT_GBps = 1.0e9  # stands for "no shared part" (kept finite so that gradients stay finite)
 
@@ -194,8 +194,9 @@ def offload_cost(
     )
     exposed = exposed + opt_exposed
     traffic = traffic + opt_traffic
+    opt_bytes = memory.optimizer_bytes(plan)
     needed = _bw_needed(
-        off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
+        off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, opt_bytes, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
     )
     tiers = jnp.arange(N_TIERS)
     return OffloadCost(
@@ -252,8 +253,9 @@ def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads,
 
     # On the GPU: streamed states (and offloaded gradients) come in, states (and updated
     # parameters on a tier) go out, while the GPU updates them.
-    g_in = _moved(on_o, opt_params * OPT_STREAM_BYTES, rd[t_o]) + _moved(on_g, grads, rd[t_g])
-    g_out = _moved(on_o, opt_params * OPT_STREAM_BYTES, wr[t_o]) + _moved(on_p, weights, wr[t_p])
+    state = opt_params * memory.optimizer_bytes(plan)
+    g_in = _moved(on_o, state, rd[t_o]) + _moved(on_g, grads, rd[t_g])
+    g_out = _moved(on_o, state, wr[t_o]) + _moved(on_p, weights, wr[t_p])
     gpu_stream = jnp.maximum(g_in, g_out)
     gpu_exposed = pos(gpu_stream - gpu_opt_s)
 
@@ -263,8 +265,11 @@ def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads,
     return optimizer_s, cpu_s, exposed, traffic
 
 
-def _bw_needed(off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s):
-    """[N_TIERS] per-GPU bandwidth at which each tier's traffic would hide (bytes/s)."""
+def _bw_needed(
+    off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, opt_bytes, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
+):
+    """[N_TIERS] per-GPU bandwidth at which each tier's traffic would hide (bytes/s); ``opt_bytes``:
+    the optimizer state per parameter (:func:`hetersim.terms.memory.optimizer_bytes`)."""
     on = off > 0
     on_o, on_g, on_p, on_a = on[OPT], on[GRAD], on[PARAM], on[ACT]
     t_o, t_g, t_p, t_a = off[OPT], off[GRAD], off[PARAM], off[ACT]
@@ -279,7 +284,7 @@ def _bw_needed(off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, wb
     b_in_bytes = p_bytes + a_bytes
     b_out_bytes = at(on_g, t_g, grads) + at(cpu_opt & ~on_g, t_o, last_bytes)
     need_b = safe_div(jnp.maximum(b_in_bytes, b_out_bytes), t_bwd)
-    s_bytes = at(on_o & ~cpu_opt, t_o, opt_params * OPT_STREAM_BYTES)
+    s_bytes = at(on_o & ~cpu_opt, t_o, opt_params * opt_bytes)
     o_in = s_bytes + at(on_g & ~cpu_opt, t_g, grads)
     o_out = s_bytes + at(on_p & ~cpu_opt, t_p, weights)
     need_gpu_opt = safe_div(jnp.maximum(o_in, o_out), gpu_opt_s)
