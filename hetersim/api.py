@@ -166,6 +166,7 @@ def configure(
         plan["seq_len"] = int(model_entry.get("seq_len", DEFAULT_SEQ_LEN))
     plan_s = build.plan_spec(**plan)
     resolved = _resolved(plan, plan_s)
+    check_inert(resolved)
     for entry in [gpu_entry] if groups is None else [e for e, _ in groups]:
         _check_kernel(entry, plan_s)
     m = build.model_spec(model_entry)
@@ -449,6 +450,17 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "precision",
         )
     check_experts(model, resolved)
+
+
+def check_inert(resolved: Mapping[str, Any]) -> None:
+    """A flag that would change nothing in this plan is a usage error, never silently ignored:
+    a host-CPU optimizer step needs the optimizer states on the host (the model steps on the CPU
+    only what is offloaded), and an explicit pipeline layout needs pipeline stages to lay out."""
+    if resolved.get("cpu_optimizer") and "optimizer" not in (resolved.get("offload") or {}):
+        raise FieldError("{0} steps the optimizer on the host CPU, where its states must be: add {1} optimizer:TIER",
+                         "cpu_optimizer", "offload")  # fmt: skip
+    if resolved.get("pp_layout") and int(resolved.get("pp") or 1) == 1:
+        raise FieldError("{0} places the layers over pipeline stages; it needs {1} > 1", "pp_layout", "pp")
 
 
 def _check_dualpipe(pp: int, vp: int, n_micro: int) -> None:

@@ -42,6 +42,17 @@ CASES = [
     ("float-for-integer", ev(global_batch="1e23"), ["--global-batch"]),
     ("unknown-command", ["nope"], ["nope"]),
     ("unknown-section", ["catalog", "gpu"], ["section"]),
+    # a user's own contradictions: never settled silently by taking the last, never ignored
+    ("option-given-twice", ev("--tp", "2", "--tp", "4"), ["--tp 2", "--tp 4", "contradict"]),
+    (
+        "alias-and-option",
+        ev("--tp", "2", "--tensor-model-parallel-size", "4"),
+        ["--tp 2", "--tensor-model-parallel-size"],
+    ),
+    ("switch-both-ways", ev("--tp", "2", "--no-sp", "--sp"), ["--no-sp", "--sp", "contradict"]),
+    ("cpu-optimizer-without-offload", ev("--cpu-optimizer"), ["--cpu-optimizer", "--offload optimizer:TIER"]),
+    ("pp-layout-without-pipeline", ev("--pp-layout"), ["--pp-layout", "--pp > 1"]),
+    ("moments-unknown", ev("--moments", "fp16"), ["--moments", "fp32, bf16", "fp16"]),
     # absurd values: refused with their range
     ("global-batch-1e23", ev(global_batch=BIG), ["--global-batch", "<="]),
     ("train-tokens-1e39", ev("--train-tokens", "1e39"), ["--train-tokens", "<="]),
@@ -295,3 +306,12 @@ def test_an_rdb_storage_without_its_driver_is_one_line_in_a_real_process(tmp):
     proc = subprocess.run([sys.executable, "-m", "dse", *argv], capture_output=True, text=True, timeout=300)
     assert_one_line_error(proc.returncode, proc.stderr, ["--storage", "mysql://"])
     assert not (tmp / "o").exists()
+
+
+def test_options_that_take_several_values_may_repeat_and_a_repeat_that_agrees_is_no_contradiction():
+    """--offload and --set are repeatable; the same value given twice contradicts nothing."""
+    argv = ev("--offload", "optimizer:host-dram", "--offload", "grads:host-dram", "--set", "tdp_W=700",
+              "--set", "hbm_bw_GBps=3000", "--tp", "2", "--tp", "2", "--json")  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert '"tp": 2' in result.output and '"grads": "host-dram"' in result.output

@@ -88,8 +88,9 @@ def test_a_schedule_dualpipe_cannot_run_is_flagged(catalog, cal, plan):
     ],
 )
 def test_a_dualpipe_plan_that_cannot_run_is_a_one_line_error(extra, needle):
-    base = "evaluate --model llama3-70b --gpu h100-sxm-80gb --gpus 64 --tp 8 --global-batch 64 --dualpipe".split()
-    result = CliRunner().invoke(app, base + extra)
+    flags = {"--model": "llama3-70b", "--gpu": "h100-sxm-80gb", "--gpus": "64", "--tp": "8", "--global-batch": "64"}
+    flags.update(zip(extra[::2], extra[1::2], strict=True))  # an option given twice is itself an error
+    result = CliRunner().invoke(app, ["evaluate", *(x for kv in flags.items() for x in kv), "--dualpipe"])
     assert result.exit_code == 2, result.output
     assert needle in result.output and result.output.count("\n") == 1 and "Traceback" not in result.output
 

@@ -29,6 +29,9 @@ class OneLineErrors(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
         _no_flag_metavars(self)
         try:
+            clash = _given_twice(self, list(sys.argv[1:] if args is None else args))
+            if clash:
+                raise click.UsageError(clash)
             with sigint_guard():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.NoArgsIsHelpError as error:
@@ -64,6 +67,35 @@ class OneLineErrors(TyperGroup):
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv
+
+
+def _given_twice(group: Any, argv: list[str]) -> str:
+    """A user's own contradiction, which click would settle silently by taking the last: a
+    single-valued option given twice with different values (``--tp 2 --tp 4``), or a switch given
+    both ways (``--sp --no-sp``). Options that take several (``--offload``, ``--set``) may repeat."""
+    command, rest = group, list(argv)
+    while rest and getattr(command, "commands", None):  # the app's own options are value-less flags
+        name, rest = rest[0], rest[1:]
+        command = command.commands.get(name, command) if not name.startswith("-") else command
+    if "--" in rest:
+        rest = rest[: rest.index("--")]
+    for param in getattr(command, "params", ()):
+        if getattr(param, "multiple", False) or getattr(param, "count", False) or not getattr(param, "opts", None):
+            continue
+        ways = {name: on for on, names in ((True, param.opts), (False, param.secondary_opts)) for name in names}
+        seen = []
+        for i, token in enumerate(rest):
+            name, eq, value = token.partition("=")
+            if name not in ways:
+                continue
+            if getattr(param, "is_flag", False):
+                seen.append((token, ways[name]))
+            else:
+                value = value if eq else (rest[i + 1] if i + 1 < len(rest) else "")
+                seen.append((f"{name} {value}", value))
+        if len({v for _, v in seen}) > 1:
+            return f"{seen[0][0]} and {seen[-1][0]} contradict each other; give one"
+    return ""
 
 
 def _no_flag_metavars(command: Any) -> None:
