@@ -148,6 +148,9 @@ def configure(
     cat = catalog if isinstance(catalog, Catalog) else load_catalog(list(catalog))
     model_label, model_entry = _model(cat, model)
     cal = calibration if calibration is not None else default_calibration()
+    if hetero != "pipeline" and (cluster is None or plan_file is not None):
+        raise FieldError("{0} says how a {1} mix splits the job; give {1} KIND:N,KIND:N or leave it out",
+                         "hetero", "cluster")  # fmt: skip
     if plan_file is not None:
         from . import hplan
 
@@ -169,6 +172,7 @@ def configure(
     check_inert(resolved)
     for entry in [gpu_entry] if groups is None else [e for e, _ in groups]:
         _check_kernel(entry, plan_s)
+        _check_precision(entry, str(entry.get("name", gpu_label)), plan_s)
     m = build.model_spec(model_entry)
     if groups is not None:
         from .cluster import check_plan, cluster_spec
@@ -412,6 +416,10 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         raise FieldError(f"{{0}} {gb} is not a multiple of {{1}} x dp = {mb} x {dp}", "global_batch", "micro_batch")
     if vp > 1 and pp == 1:
         raise FieldError(f"{{0}} {vp} needs {{1}} > 1 (interleaving splits a pipeline stage into chunks)", "vp", "pp")
+    seq = int(resolved.get("seq_len") or 0)
+    if cp > 1 and seq % (2 * cp):  # simulate's Infeasible.SEQ_DIVIDE flags the same in a sweep
+        raise FieldError(f"{{0}} {seq} is not a multiple of 2 x {{1}} = {2 * cp} (load-balanced causal context "
+                         "parallelism cuts each sequence into 2 x cp chunks)", "seq_len", "cp")  # fmt: skip
     n_micro = gb // (mb * dp)
     if vp > 1 and n_micro % pp:  # simulate's Infeasible.SCHEDULE flags the same in a sweep
         raise FieldError(

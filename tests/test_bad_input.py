@@ -53,6 +53,9 @@ CASES = [
     ("cpu-optimizer-without-offload", ev("--cpu-optimizer"), ["--cpu-optimizer", "--offload optimizer:TIER"]),
     ("pp-layout-without-pipeline", ev("--pp-layout"), ["--pp-layout", "--pp > 1"]),
     ("moments-unknown", ev("--moments", "fp16"), ["--moments", "fp32, bf16", "fp16"]),
+    ("hetero-without-cluster", ev("--hetero", "data"), ["--hetero", "--cluster"]),
+    ("sequence-not-cut-by-cp", ev("--cp", "2", seq_len="4097"), ["--seq-len 4097", "2 x --cp = 4"]),
+    ("precision-without-peak", ev("--precision", "nvfp4"), ["--precision nvfp4", "H100", "no such peak"]),
     # absurd values: refused with their range
     ("global-batch-1e23", ev(global_batch=BIG), ["--global-batch", "<="]),
     ("train-tokens-1e39", ev("--train-tokens", "1e39"), ["--train-tokens", "<="]),
