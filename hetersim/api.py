@@ -374,12 +374,15 @@ def step_time_interval(
 
 
 def _check_precision(entry: Mapping[str, Any], key: str, plan_s: Any) -> None:
-    """Refuse a precision a kind of a heterogeneous plan has no peak for (never priced at zero)."""
+    """Refuse a precision the device (a kind of a mix, or the one GPU) has no peak for (never priced at zero)."""
+    import numpy as np
+
     from . import build
     from .types import Precision
 
     code = int(plan_s.precision_code)
-    if float(build.device_spec(entry).peak_tflops[code]) <= 0:
+    # NumPy indexing: indexing the JAX array would compile a program just for this check.
+    if float(np.asarray(build.device_spec(entry).peak_tflops)[code]) <= 0:
         message = f"{{0}} {Precision(code).label}: {key} has no such peak (its catalog entry); use another"
         raise FieldError(message, "precision")
 
