@@ -591,7 +591,7 @@ def head_s(dev, cal, m, plan):
     return g + loss + embed
 
 
-def optimizer_gpu_s(dev, cal, params_local, state_bytes=12.0):
+def optimizer_gpu_s(dev, cal, params_local, state_bytes):
     """Adam on the GPU (fused, multi-tensor): per parameter it reads its state (fp32 master weight,
     m and v: ``state_bytes``, 12) and the fp32 gradient and writes the state and the 16-bit weight:
     30 bytes with fp32 states."""

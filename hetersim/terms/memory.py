@@ -185,7 +185,8 @@ def state_bytes(m: ModelSpec, plan: Plan, layers=None, vocab_mats=None):
 def optimizer_bytes(plan: Plan):
     """Adam's state per parameter: the fp32 master weight and two moments, 12 bytes; with bf16
     moments (``moments = bf16``, on the GPU) 8, or 6 where bf16 training keeps the master as a
-    16-bit remainder (:data:`BF16_MOMENTS_BYTES`). A CPU optimizer keeps fp32 states."""
+    16-bit remainder (:data:`BF16_MOMENTS_BYTES`, :data:`MASTER_REMAINDER_BYTES`). A CPU optimizer
+    keeps fp32 states."""
     bf16 = (plan.moments_code == Moments.BF16) & ~(plan.cpu_optimizer > 0)
     master = jnp.where(bf16 & (plan.precision_code == Precision.BF16), MASTER_REMAINDER_BYTES, 4.0)
     return master + jnp.where(bf16, BF16_MOMENTS_BYTES, OPTIMIZER_BYTES - 4.0)

@@ -189,14 +189,14 @@ def offload_cost(
     exposed, traffic = _pass_transfers(
         off, cpu_opt, rd, wr, n_micro, layers, weights, grads, acts_mb, last_bytes, t_fwd, t_bwd
     )
+    opt_state = opt_params * memory.optimizer_bytes(plan)  # the states a GPU optimizer streams
     optimizer_s, cpu_s, opt_exposed, opt_traffic = _optimizer_step(
-        host, plan, cpu_opt, rd, wr, weights, grads, opt_params, wbytes, gpu_opt_s
+        host, plan, cpu_opt, rd, wr, weights, grads, opt_params, opt_state, wbytes, gpu_opt_s
     )
     exposed = exposed + opt_exposed
     traffic = traffic + opt_traffic
-    opt_bytes = memory.optimizer_bytes(plan)
     needed = _bw_needed(
-        off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, opt_bytes, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
+        off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, opt_state, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
     )
     tiers = jnp.arange(N_TIERS)
     return OffloadCost(
@@ -233,7 +233,9 @@ def _pass_transfers(off, cpu_opt, rd, wr, n_micro, layers, weights, grads, acts_
     return exposed, traffic
 
 
-def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads, opt_params, wbytes, gpu_opt_s):
+def _optimizer_step(
+    host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads, opt_params, opt_state, wbytes, gpu_opt_s
+):
     """(optimizer seconds, the host CPU's seconds, exposed and all transfer seconds) of the
     optimizer step, on the host CPU or on the GPU with streamed states."""
     off = plan.offload_tier_code
@@ -253,9 +255,8 @@ def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads,
 
     # On the GPU: streamed states (and offloaded gradients) come in, states (and updated
     # parameters on a tier) go out, while the GPU updates them.
-    state = opt_params * memory.optimizer_bytes(plan)
-    g_in = _moved(on_o, state, rd[t_o]) + _moved(on_g, grads, rd[t_g])
-    g_out = _moved(on_o, state, wr[t_o]) + _moved(on_p, weights, wr[t_p])
+    g_in = _moved(on_o, opt_state, rd[t_o]) + _moved(on_g, grads, rd[t_g])
+    g_out = _moved(on_o, opt_state, wr[t_o]) + _moved(on_p, weights, wr[t_p])
     gpu_stream = jnp.maximum(g_in, g_out)
     gpu_exposed = pos(gpu_stream - gpu_opt_s)
 
@@ -266,10 +267,10 @@ def _optimizer_step(host: HostSpec, plan: Plan, cpu_opt, rd, wr, weights, grads,
 
 
 def _bw_needed(
-    off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, opt_bytes, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
+    off, cpu_opt, weights, grads, acts_mb, last_bytes, opt_params, opt_state, wbytes, t_fwd, t_bwd, gpu_opt_s, cpu_s
 ):
-    """[N_TIERS] per-GPU bandwidth at which each tier's traffic would hide (bytes/s); ``opt_bytes``:
-    the optimizer state per parameter (:func:`hetersim.terms.memory.optimizer_bytes`)."""
+    """[N_TIERS] per-GPU bandwidth at which each tier's traffic would hide (bytes/s); ``opt_state``:
+    the bytes of optimizer state a GPU optimizer streams (:func:`hetersim.terms.memory.optimizer_bytes`)."""
     on = off > 0
     on_o, on_g, on_p, on_a = on[OPT], on[GRAD], on[PARAM], on[ACT]
     t_o, t_g, t_p, t_a = off[OPT], off[GRAD], off[PARAM], off[ACT]
@@ -284,7 +285,7 @@ def _bw_needed(
     b_in_bytes = p_bytes + a_bytes
     b_out_bytes = at(on_g, t_g, grads) + at(cpu_opt & ~on_g, t_o, last_bytes)
     need_b = safe_div(jnp.maximum(b_in_bytes, b_out_bytes), t_bwd)
-    s_bytes = at(on_o & ~cpu_opt, t_o, opt_params * opt_bytes)
+    s_bytes = at(on_o & ~cpu_opt, t_o, opt_state)
     o_in = s_bytes + at(on_g & ~cpu_opt, t_g, grads)
     o_out = s_bytes + at(on_p & ~cpu_opt, t_p, weights)
     need_gpu_opt = safe_div(jnp.maximum(o_in, o_out), gpu_opt_s)
