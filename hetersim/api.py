@@ -169,7 +169,7 @@ def configure(
         plan["seq_len"] = int(model_entry.get("seq_len", DEFAULT_SEQ_LEN))
     plan_s = build.plan_spec(**plan)
     resolved = _resolved(plan, plan_s)
-    check_inert(resolved)
+    check_inert(model_entry, plan, resolved)
     for entry in [gpu_entry] if groups is None else [e for e, _ in groups]:
         _check_kernel(entry, plan_s)
         _check_precision(entry, str(entry.get("name", gpu_label)), plan_s)
@@ -463,15 +463,36 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
     check_experts(model, resolved)
 
 
-def check_inert(resolved: Mapping[str, Any]) -> None:
+def check_inert(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
     """A flag that would change nothing in this plan is a usage error, never silently ignored:
     a host-CPU optimizer step needs the optimizer states on the host (the model steps on the CPU
-    only what is offloaded), and an explicit pipeline layout needs pipeline stages to lay out."""
+    only what is offloaded), an explicit pipeline layout needs pipeline stages to lay out, the
+    ZeRO-3 gather options need ZeRO-3 and hybrid sharding something sharded, the MoE options
+    experts (the all-to-all overlap an expert-parallel group) and MLA's recomputation MLA."""
     if resolved.get("cpu_optimizer") and "optimizer" not in (resolved.get("offload") or {}):
         raise FieldError("{0} steps the optimizer on the host CPU, where its states must be: add {1} optimizer:TIER",
                          "cpu_optimizer", "offload")  # fmt: skip
     if resolved.get("pp_layout") and int(resolved.get("pp") or 1) == 1:
         raise FieldError("{0} places the layers over pipeline stages; it needs {1} > 1", "pp_layout", "pp")
+    zero = int(resolved.get("zero") or 0)
+    for name, on in (
+        ("zero3_prefetch", given.get("zero3_prefetch") is not None),
+        ("reuse_Mparams", given.get("reuse_Mparams")),
+    ):
+        if zero < 3 and on:
+            raise FieldError(f"{{0}} applies to ZeRO-3's weight gathers; {{1}} is {zero}", name, "zero")
+    if zero == 0 and int(resolved.get("shard_group") or 0):
+        raise FieldError("{0} shards the ZeRO / FSDP states over groups; {1} 0 shards nothing", "shard_group", "zero")
+    if not int(model.get("kv_lora_rank", 0) or 0) and resolved.get("mla_up_proj"):
+        raise FieldError("{0} recomputes MLA's up projections; the model has no multi-head latent attention",
+                         "mla_up_proj")  # fmt: skip
+    experts = int(model.get("n_experts", 0) or 0) > 1
+    moe = {"ep_overlap": bool(resolved.get("ep_overlap")), "fused_experts": bool(resolved.get("fused_experts")),
+           "dispatcher": (resolved.get("dispatcher") or DEFAULTS["dispatcher"]) != DEFAULTS["dispatcher"]}  # fmt: skip
+    for name in [k for k, on in moe.items() if on and not experts]:
+        raise FieldError("{0} applies to the routed experts; the model has none", name)
+    if moe["ep_overlap"] and int(resolved.get("ep") or 1) == 1:
+        raise FieldError("{0} overlaps the expert-parallel all-to-all; {1} 1 has none", "ep_overlap", "ep")
 
 
 def _check_dualpipe(pp: int, vp: int, n_micro: int) -> None:

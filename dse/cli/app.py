@@ -95,6 +95,25 @@ def _given_twice(group: Any, argv: list[str]) -> str:
                 seen.append((f"{name} {value}", value))
         if len({v for _, v in seen}) > 1:
             return f"{seen[0][0]} and {seen[-1][0]} contradict each other; give one"
+    return _switch_clash(command, rest)
+
+
+def _switch_clash(command: Any, rest: list[str]) -> str:
+    """A Megatron switch beside its field's own flag at another value (``--async-save
+    --checkpoint-mode sync``), which the switch would override silently."""
+    from .options import SWITCHES
+
+    params = {p.name: p for p in getattr(command, "params", ())}
+    for param, flag, f, value in SWITCHES:
+        own = params.get("gpus" if f.name == "n_gpus" else f.name)
+        if param not in params or flag not in rest or own is None:
+            continue
+        for i, token in enumerate(rest):
+            name, eq, given = token.partition("=")
+            if name in own.opts:
+                given = given if eq else (rest[i + 1] if i + 1 < len(rest) else "")
+                if given != str(value):
+                    return f"{flag} sets {name} {value}; it contradicts {name} {given}"
     return ""
 
 
