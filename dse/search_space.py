@@ -496,8 +496,9 @@ def _price(origin: str, table: Any, overrides: set[str]) -> dict[str, float]:
         if key not in overrides:
             searched = ", ".join(sorted(overrides)) or "none"
             raise _err(origin, f"search.price.{key}", f"prices only searched hardware parameters ({searched})")
-        if not _is_number(value):
-            raise _err(origin, f"search.price.{key}", f"must be a number (USD per GPU-hour per unit); got {value!r}")
+        if not _is_number(value) or not 0.0 <= float(value) < math.inf:
+            message = f"must be a finite number >= 0 (USD per GPU-hour per unit above the catalog's); got {value!r}"
+            raise _err(origin, f"search.price.{key}", message)
         out[key] = float(value)
     return out
 

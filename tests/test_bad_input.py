@@ -133,6 +133,13 @@ CASES = [
     ("runs-kv-heads", ["validate", "--runs", "{tmp}/runs_kv_heads.csv"], ["kv_heads 7"]),
     ("runs-step-time-zero", ["validate", "--runs", "{tmp}/runs_measured_step_time_s.csv"], ["measured_step_time_s"]),
     ("runs-accounting", ["validate", "--runs", "{tmp}/runs_flops_accounting.csv"], ["flops_accounting", "magic"]),
+    ("runs-no-layers", ["validate", "--runs", "{tmp}/runs_layers.csv"], ["runs_layers.csv", "layers", "at least 1"]),
+    ("runs-precision", ["validate", "--runs", "{tmp}/runs_precision.csv"], ["runs_precision.csv", "precision", "fp64"]),
+    (
+        "search-negative-price",
+        ["optimize", "{tmp}/negative_price.toml", "--trials", "1", "--out", "{tmp}"],
+        ["search.price.hbm_bw_GBps", ">= 0"],
+    ),
     ("runs-empty-id", ["validate", "--runs", "{tmp}/runs_id.csv"], ["runs_id.csv", "line 2", "id"]),
     ("runs-duplicate-id", ["validate", "--runs", "{tmp}/runs_twice.csv"], ["runs_twice.csv", "line 3", "unique"]),
     ("journal-binary", ["optimize", SEARCH, "--storage", "{tmp}/binary.journal", "--out", "{tmp}"], ["binary.journal"]),
@@ -180,6 +187,10 @@ def prepared(tmp: Path) -> Path:
     _runs_variant(tmp, runs, "tp", "5", n_gpus="160")  # GPT 1.7B's 24 heads
     _runs_variant(tmp, runs, "measured_step_time_s", "0")
     _runs_variant(tmp, runs, "flops_accounting", "magic")
+    _runs_variant(tmp, runs, "layers", "0")
+    _runs_variant(tmp, runs, "precision", "fp64")  # read by the plan's specs: refused before the work is announced
+    hardware = (ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml").read_text()
+    (tmp / "negative_price.toml").write_text(hardware.replace("hbm_bw_GBps = 0.0004", "hbm_bw_GBps = -0.0004", 1))
     default = (ROOT / "studies" / "default.toml").read_text()
     (tmp / "imbalance_below_one.toml").write_text(default.replace("[plan]\n", "[plan]\nmoe_imbalance = 0.5\n", 1))
     (tmp / "ep_of_dense.toml").write_text(default.replace("[plan]\n", "[plan]\nep = [1, 2]\n", 1))

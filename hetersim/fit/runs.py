@@ -186,7 +186,8 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
     mistake in the file, refused naming the row and columns, not a prediction counted as missed."""
     where = f"{path}: row {row.id}"
     tp, pp, cp, dp, n = (plan[k] for k in ("tp", "pp", "cp", "dp", "n_gpus"))
-    for col, v in (("n_gpus", n), ("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp), ("micro_batch", plan["micro_batch"])):
+    sizes = [(c, plan[c]) for c in ("n_gpus", "tp", "pp", "cp", "dp", "micro_batch", "global_batch", "seq_len")]
+    for col, v in sizes + [(c, model[c]) for c in ("layers", "hidden", "ffn_hidden", "vocab")]:
         if v < 1:
             raise ValueError(f"{where}: column {col} must be at least 1; got {v}")
     if tp * pp * cp * dp != n:
@@ -361,8 +362,15 @@ def _step_time_column(row: Row, path) -> float | None:
 def check_rows(rows: Sequence[Row], catalog, path="runs") -> None:
     """Every row's columns read and checked (:func:`row_inputs`), before any prediction: a file
     with a mistake is refused before the work is announced."""
+    from ..specs.plan import host_plan
+
     for row in rows:
-        row_inputs(row, catalog, path)
+        inputs = row_inputs(row, catalog, path)
+        try:  # the values the specs read (precision, recompute, an offload tier), as prepare reads them
+            build.model_spec(inputs["model"])
+            host_plan(**inputs["plan"])
+        except ValueError as e:
+            raise ValueError(f"{path}: row {row.id}: {e}") from None
         _step_time_column(row, path)
 
 
