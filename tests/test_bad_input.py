@@ -133,6 +133,12 @@ CASES = [
     ("runs-kv-heads", ["validate", "--runs", "{tmp}/runs_kv_heads.csv"], ["kv_heads 7"]),
     ("runs-step-time-zero", ["validate", "--runs", "{tmp}/runs_measured_step_time_s.csv"], ["measured_step_time_s"]),
     ("runs-accounting", ["validate", "--runs", "{tmp}/runs_flops_accounting.csv"], ["flops_accounting", "magic"]),
+    ("set-domain-not-nodes", ev("--set", "scaleup_domain=3"), ["scaleup_domain 3", "nodes of 8 GPUs"]),
+    (
+        "catalog-clock-above-boost",
+        ["catalog", "gpus", "--catalog", "{tmp}/clock.toml"],
+        ["clock.toml", "t4-16gb.sustained_clock_MHz 5000", "boost_clock_MHz 1590"],
+    ),
     ("runs-no-layers", ["validate", "--runs", "{tmp}/runs_layers.csv"], ["runs_layers.csv", "layers", "at least 1"]),
     ("runs-precision", ["validate", "--runs", "{tmp}/runs_precision.csv"], ["runs_precision.csv", "precision", "fp64"]),
     (
@@ -189,6 +195,8 @@ def prepared(tmp: Path) -> Path:
     _runs_variant(tmp, runs, "flops_accounting", "magic")
     _runs_variant(tmp, runs, "layers", "0")
     _runs_variant(tmp, runs, "precision", "fp64")  # read by the plan's specs: refused before the work is announced
+    kinds = (ROOT / "tests" / "data" / "plans" / "kinds.toml").read_text()
+    (tmp / "clock.toml").write_text(kinds.replace("sustained_clock_MHz = 900.0", "sustained_clock_MHz = 5000.0", 1))
     hardware = (ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml").read_text()
     (tmp / "negative_price.toml").write_text(hardware.replace("hbm_bw_GBps = 0.0004", "hbm_bw_GBps = -0.0004", 1))
     default = (ROOT / "studies" / "default.toml").read_text()

@@ -74,6 +74,7 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
     elif section == "gpus":
         if entry["peak_tflops_bf16"] <= 0 and entry["peak_tflops_fp16"] <= 0:
             raise _fail(origin, f"{label} needs peak_tflops_bf16 or peak_tflops_fp16 > 0, both are 0")
+        _check_node(origin, label, entry)
         _derive_efficiencies(origin, label, entry)
         if (entry["gemm_eff_fp8"] > 0) != (entry["peak_tflops_fp8"] > 0):
             raise _fail(
@@ -91,6 +92,17 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
     elif section == "fleets":
         if sum(v for k, v in entry.items() if k.startswith("interruptions_")) <= 0:
             raise _fail(origin, f"{label} needs interruptions > 0 (a failure rate must be positive), all are 0")
+
+
+def _check_node(origin: str, label: str, entry: Entry) -> None:
+    """A scale-up domain is whole nodes (NVL72: 18 nodes of 4) or a part of one that divides it
+    (a PCIe machine's 1 of 8); a clock held under the power limit is at most the boost clock."""
+    domain, node = entry.get("scaleup_domain"), entry.get("gpus_per_node")
+    if domain and node and domain % node and node % domain:
+        raise _fail(origin, f"{label}.scaleup_domain {domain} neither divides nor is whole nodes of {node} GPUs")
+    boost, held = entry.get("boost_clock_MHz"), entry.get("sustained_clock_MHz")
+    if boost and held and held > boost:
+        raise _fail(origin, f"{label}.sustained_clock_MHz {held:g} exceeds boost_clock_MHz {boost:g}")
 
 
 # A device without a measured matmul efficiency: the median best-case share of the peak over the
