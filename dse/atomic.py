@@ -17,7 +17,9 @@ TMP_SUFFIX = ".tmp"
 
 
 def temp_path(path: Path) -> Path:
-    """A new, empty temporary file beside ``path`` (hidden; its name starts with ``.<name>.``)."""
+    """A new, empty temporary file beside ``path`` (hidden; its name starts with ``.<name>.``),
+    in ``path``'s folder, made if missing (:func:`check_target` vetted its nearest ancestor)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     os.close(fd)
     return Path(tmp)

@@ -270,6 +270,10 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     if opts.get("global_batch") is None:
         raise FieldError("{0} is required (give it, or global_batch in the plan file)", "global_batch")
     hp = dataclasses.replace(hp, options=opts)
+    offload = dict(opts.get("offload") or {})
+    stages = max(len(p.stages) for p in hp.pipelines) if hp.pipelines else 1
+    cpu_opt = resolve_cpu_optimizer(opts.get("cpu_optimizer"), "optimizer" in offload)
+    check_inert(model_entry, opts, {**opts, "offload": offload, "cpu_optimizer": cpu_opt, "pp": stages})
     text = cluster or hp.cluster
     counts = hplan.parse_cluster_counts(text) if text else hp.gpus()
     entries = [cat.gpu(k) for k in counts]

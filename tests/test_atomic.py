@@ -47,3 +47,13 @@ def test_a_failed_figure_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         rf.save(fig, tmp_path, "f")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_in_missing_folders_is_written_where_check_target_allows_it(tmp_path):
+    """--out new/dir/x.json: check_target vets the nearest existing folder, the write makes the rest
+    (the write used to fail after the work with the temporary file's errno)."""
+    target = tmp_path / "new" / "dir" / "x.json"
+    atomic.check_target(target, "--out")
+    atomic.write_text(target, "{}\n")
+    assert target.read_text() == "{}\n"
+    assert [p.name for p in target.parent.iterdir()] == ["x.json"]

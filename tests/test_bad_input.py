@@ -52,6 +52,18 @@ CASES = [
     ("switch-both-ways", ev("--tp", "2", "--no-sp", "--sp"), ["--no-sp", "--sp", "contradict"]),
     ("cpu-optimizer-without-offload", ev("--cpu-optimizer"), ["--cpu-optimizer", "--offload optimizer:TIER"]),
     ("pp-layout-without-pipeline", ev("--pp-layout"), ["--pp-layout", "--pp > 1"]),
+    ("plan-kinds-empty", ["plan", "--model", "llama2-7b", "--budget", "100", "--kinds", " "], ["--kinds", "KIND,KIND"]),
+    (
+        "plan-seed-without-trials",
+        ["plan", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:8", "--global-batch", "64", "--seed", "5"],
+        ["--seed", "--trials"],
+    ),
+    (
+        "layer-split-with-expert-flag",
+        ["evaluate", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:4,a100-sxm-80gb:4", "--gpus", "8"]
+        + ["--global-batch", "64", "--pp", "2", "--layers-per-stage", "16,16", "--fused-experts"],
+        ["--fused-experts", "has none"],
+    ),
     ("switch-against-its-field", ev("--async-save", "--checkpoint-mode", "sync"), ["--async-save", "sync"]),
     ("zero3-prefetch-without-zero3", ev("--no-zero3-prefetch", "--zero", "1"), ["--zero3-prefetch", "--zero is 1"]),
     ("reuse-without-zero3", ev("--reuse-Mparams", "5", "--zero", "2"), ["--reuse-Mparams", "--zero is 2"]),

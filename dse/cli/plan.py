@@ -77,6 +77,10 @@ def plan(**options: Any) -> None:
         raise ValueError("give --model and --cluster (or --budget with --kinds, or --study FILE)")
     if budget is not None and not budget > 0:
         raise ValueError(f"--budget must be a positive $ per hour; got {budget}")
+    if kinds is not None and not any(k.strip() for k in kinds.split(",")):
+        raise ValueError(f"--kinds must name one or more device kinds, KIND,KIND; got {kinds!r}")
+    if seed and not trials:
+        raise ValueError("--seed seeds the sampler of --trials; give --trials N with it or leave it out")
     catalog = load_catalog(list(options.pop("catalog_files")))
     if top < 1:
         raise ValueError(f"--top must be a positive integer; got {top}")
