@@ -4,8 +4,10 @@ stack profile. Keys as deepspeedai/DeepSpeed @ edaa72212 ``docs/_pages/config-js
 them:
 
 * ``train_batch_size`` is the global batch and ``train_micro_batch_size_per_gpu`` the micro-batch;
-  ``gradient_accumulation_steps`` follows from them and the layout, so it is not read. A file that
-  gives no ``train_batch_size`` leaves the global batch to ``--global-batch``.
+  ``gradient_accumulation_steps`` follows from them and the layout (DeepSpeed asserts
+  ``train_batch_size = micro x steps x data-parallel ranks``): a file whose three admit no whole
+  number of ranks is refused. A file that gives no ``train_batch_size`` leaves the global batch to
+  ``--global-batch``.
 * ``zero_optimization.stage``; ``offload_optimizer.device: cpu`` is ZeRO-Offload: the optimizer
   states and the gradients live in host DRAM and the step runs on the CPU (DeepSpeed CPU-Adam);
   ``offload_param.device: cpu`` (stage 3) adds the weights; ``nvme`` (ZeRO-Infinity's NVMe tier) is
@@ -49,6 +51,16 @@ def read(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
         value = _count(data, key, origin)
         if value is not None:
             plan[field] = value
+    steps = _count(data, "gradient_accumulation_steps", origin)
+    if steps is not None and {"global_batch", "micro_batch"} <= set(plan):
+        # DeepSpeed asserts train_batch_size = micro x steps x data-parallel ranks; the ranks come from
+        # the layout (--gpus, --tp, --pp), so only whether any whole number of them fits is checked.
+        per_rank = plan["micro_batch"] * steps
+        if plan["global_batch"] % per_rank:
+            raise ValueError(
+                f"{origin}: train_batch_size {plan['global_batch']} is not train_micro_batch_size_per_gpu x "
+                f"gradient_accumulation_steps = {per_rank} x the data-parallel ranks (DeepSpeed asserts it)"
+            )
     tp = _count(_section(data, "tensor_parallel", origin), "autotp_size", origin, "tensor_parallel.")
     if tp is not None:
         plan["tp"] = tp
@@ -111,13 +123,17 @@ def _zero(z: dict[str, Any], origin: str) -> dict[str, Any]:
         out["reuse_Mparams"] = _megaparams(reuse, origin, "zero_optimization.stage3_max_reuse_distance")
     bucket = _given(z.get("reduce_bucket_size"))
     if bucket is not None:
-        out["bucket_Mparams"] = _megaparams(bucket, origin, "zero_optimization.reduce_bucket_size")
+        out["bucket_Mparams"] = _megaparams(bucket, origin, "zero_optimization.reduce_bucket_size", positive=True)
     return out
 
 
-def _megaparams(value: Any, origin: str, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e15:
-        raise ValueError(f"{origin}: {key}: must be a number of parameters; got {value!r}")
+def _megaparams(value: Any, origin: str, key: str, positive: bool = False) -> float:
+    """Parameters as millions (a reuse distance may be 0, nothing kept; a bucket must be positive)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e15
+    if not ok or (positive and value == 0):
+        raise ValueError(
+            f"{origin}: {key}: must be a {'positive ' if positive else ''}number of parameters; got {value!r}"
+        )
     return float(value) / 1e6
 
 

@@ -91,6 +91,11 @@ def test_stage3_reuse_reduction_and_hugging_face_autos(tmp_path):
         ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, ["fp16.enabled", "true or false"]),
         ({"train_batch_size": 8, "communication_data_type": "int8"}, ["communication_data_type", "fp32"]),
         ({"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": -1}}, ["stage3_max_reuse_distance"]),
+        ({"zero_optimization": {"stage": 1, "reduce_bucket_size": 0}}, ["reduce_bucket_size", "positive"]),
+        (
+            {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 5},
+            ["train_batch_size 64", "gradient_accumulation_steps = 5", "DeepSpeed asserts"],
+        ),
         ({"lr": 1}, ["expected a DeepSpeed config"]),
         ('{"train_batch_size": 8,', ["not valid JSON"]),
     ],
