@@ -9,6 +9,7 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import tomllib
@@ -32,6 +33,8 @@ PLAN_AXES = planfields.AXES
 CATEGORICAL = planfields.CHOICES
 PLAN_DEFAULTS: dict[str, Any] = {k: planfields.DEFAULTS[k] for k in PLAN_AXES if k in planfields.DEFAULTS}
 PLAN_SCALARS = planfields.SCALARS
+# Study-wide fields that do nothing at a point without pipeline stages, ZeRO-3, experts or MLA.
+INERT_SCALARS = ("cpu_optimizer", "pp_layout", "zero3_prefetch", "reuse_Mparams", "mla_up_proj", "fused_experts")
 
 
 def fixed_plan(scalars: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,7 +186,7 @@ def _study(doc: Mapping[str, Any], text: str, origin: str, base: Path | None, ca
         description=description,
         clusters=clusters,
         hetero=hetero,
-        scalars=_plan_scalars(origin, plan_t),
+        scalars=_check_inert(origin, axes, _plan_scalars(origin, plan_t), models),
     )
 
 
@@ -476,6 +479,31 @@ def _check_experts(origin: str, axes: Mapping[str, tuple[Any, ...]], models: Map
                 f"plan.{key}",
                 f"{wide[0]} needs a mixture-of-experts model; the study's models ({names}) have no experts (use 1)",
             )
+
+
+def _check_inert(origin: str, axes: Mapping[str, tuple[Any, ...]], scalars: dict[str, Any], models: Mapping) -> dict:
+    """A plan field the study fixes that changes nothing at any of its points (``pp_layout`` with
+    pp 1 only, ``fused_experts`` without an MoE model: :func:`hetersim.api.check_inert`, one field
+    at a time) is the user's own contradiction; one that some points use leaves the rest as data.
+    Returns ``scalars``."""
+    from hetersim.api import check_inert
+    from hetersim.types import FieldError
+
+    offload = dict(scalars.get("offload") or {})
+    for name in [n for n in INERT_SCALARS if n in scalars]:
+        alone = {name: scalars[name], "offload": offload if name == "cpu_optimizer" else {}}
+        error: FieldError | None = None
+        for model, pp, zero in itertools.product(models.values(), axes["pp"], axes["zero"]):
+            try:
+                check_inert(model, alone, {**alone, "pp": pp, "zero": zero})
+                break
+            except FieldError as e:
+                error = e
+        else:
+            if error is not None:
+                where = f"at every point of the study: plan.pp {list(axes['pp'])}, plan.zero {list(axes['zero'])}"
+                raise _err(origin, f"plan.{name}", f"{error.named({f: f'plan.{f}' for f in error.fields})} ({where})")
+    return scalars
 
 
 def _number(origin: str, key: str, value: Any) -> float:

@@ -116,6 +116,16 @@ CASES = [
         ["study file", "imbalance_below_one.toml", "plan.moe_imbalance", ">= 1"],
     ),
     (
+        "study-layout-without-pipeline",
+        ["sweep", "{tmp}/inert_layout.toml", "--out", "{tmp}"],
+        ["inert_layout.toml", "plan.pp_layout", "plan.pp > 1", "every point"],
+    ),
+    (
+        "study-expert-flag-of-dense-models",
+        ["sweep", "{tmp}/inert_experts.toml", "--out", "{tmp}"],
+        ["inert_experts.toml", "plan.fused_experts", "has none"],
+    ),
+    (
         "study-expert-parallel-of-dense-models",
         ["sweep", "{tmp}/ep_of_dense.toml", "--out", "{tmp}"],
         ["study file", "ep_of_dense.toml", "plan.ep", "llama2-70b", "no experts"],
@@ -212,6 +222,8 @@ def prepared(tmp: Path) -> Path:
     hardware = (ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml").read_text()
     (tmp / "negative_price.toml").write_text(hardware.replace("hbm_bw_GBps = 0.0004", "hbm_bw_GBps = -0.0004", 1))
     default = (ROOT / "studies" / "default.toml").read_text()
+    (tmp / "inert_layout.toml").write_text(default.replace("pp = [1, 2, 4, 8, 16]", "pp = 1\npp_layout = true", 1))
+    (tmp / "inert_experts.toml").write_text(default.replace("[plan]\n", "[plan]\nfused_experts = true\n", 1))
     (tmp / "imbalance_below_one.toml").write_text(default.replace("[plan]\n", "[plan]\nmoe_imbalance = 0.5\n", 1))
     (tmp / "ep_of_dense.toml").write_text(default.replace("[plan]\n", "[plan]\nep = [1, 2]\n", 1))
     readonly = tmp / "readonly"
