@@ -64,6 +64,8 @@ CASES = [
         + ["--global-batch", "64", "--pp", "2", "--layers-per-stage", "16,16", "--fused-experts"],
         ["--fused-experts", "has none"],
     ),
+    ("calibrate-out-with-dry-run", ["calibrate", "--dry-run", "--out", "{tmp}/c.toml"], ["--dry-run", "--out"]),
+    ("validate-memory-missing", ["validate", "--memory", "{tmp}/missing.csv"], ["missing.csv", "memory"]),
     ("switch-against-its-field", ev("--async-save", "--checkpoint-mode", "sync"), ["--async-save", "sync"]),
     ("zero3-prefetch-without-zero3", ev("--no-zero3-prefetch", "--zero", "1"), ["--zero3-prefetch", "--zero is 1"]),
     ("reuse-without-zero3", ev("--reuse-Mparams", "5", "--zero", "2"), ["--reuse-Mparams", "--zero is 2"]),

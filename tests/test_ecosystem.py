@@ -157,6 +157,8 @@ def test_export_csv_and_parquet(sweep_file, optimize_run, tmp_path):
     fresh, nowhere = tmp_path / "fresh.csv", tmp_path / "missing" / "t.parquet"
     res = runner.invoke(app, ["export", str(sweep_file), "--csv", str(fresh), "--parquet", str(nowhere)])
     assert res.exit_code == 2 and "--parquet" in res.output and not fresh.exists()
+    res = runner.invoke(app, ["export", str(sweep_file), "--csv", str(fresh), "--parquet", str(fresh)])
+    assert res.exit_code == 2 and "both name" in res.output and not fresh.exists()
     # Parquet where pyarrow imports (recent pyarrow needs NumPy 2; the export says so, in one line).
     try:
         import pyarrow  # noqa: F401

@@ -22,6 +22,8 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
 
     if csv is None and parquet is None:
         raise ValueError("give --csv PATH and/or --parquet PATH")
+    if csv is not None and parquet is not None and csv.resolve() == parquet.resolve():
+        raise ValueError(f"--csv and --parquet both name {csv}; give each table its own file")
     if parquet is not None:
         try:
             import pyarrow  # noqa: F401

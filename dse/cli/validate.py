@@ -51,6 +51,8 @@ def validate_cmd(
     validate_memory = getattr(validation, "validate_memory", None)
     if memory is not None and validate_memory is None:
         raise ValueError("--memory: this version has no memory validation (hetersim.fit.validation.validate_memory)")
+    if memory is not None:  # a file that cannot be read is refused before the work is announced
+        validation.memory_records(memory)
     from hetersim.api import default_calibration
 
     cal = default_calibration()
@@ -103,7 +105,9 @@ def calibrate_cmd(
     from hetersim.fit.runs import check_rows, read_runs
 
     positive("--steps", steps, hi=MAX_STEPS)
-    if out is not None and not dry_run:
+    if out is not None and dry_run:
+        raise ValueError("--dry-run writes nothing; give --out without it, or leave --out out")
+    if out is not None:
         atomic.check_target(out, "--out")
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")

@@ -248,6 +248,14 @@ def _component(out, i: int, component: str) -> float | None:
     return None
 
 
+def memory_records(path: Path) -> list[dict[str, str]]:
+    """The rows of a published-memory CSV, its header checked (one-line errors)."""
+    recs = list(csv.DictReader(io.StringIO(read_text(path, "memory"), newline="")))
+    if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
+        raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
+    return recs
+
+
 def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_path=None) -> dict[str, Any]:
     """Compare per-GPU memory with ``published_memory.csv``.
 
@@ -257,9 +265,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
     match no run are listed as skipped.
     """
     path = Path(path) if path else default_memory_path()
-    recs = list(csv.DictReader(io.StringIO(read_text(path, "memory"), newline="")))
-    if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
-        raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
+    recs = memory_records(path)
     runs = read_runs(runs_path or default_runs_path())
     results, skipped = [], []
     for k, rec in enumerate(recs, start=2):
