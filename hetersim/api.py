@@ -480,7 +480,7 @@ def check_inert(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Ma
         raise FieldError("{0} places the layers over pipeline stages; it needs {1} > 1", "pp_layout", "pp")
     zero = int(resolved.get("zero") or 0)
     for name, on in (
-        ("zero3_prefetch", given.get("zero3_prefetch") is not None),
+        ("zero3_prefetch", given.get("zero3_prefetch") is False),  # its default, on, asks nothing
         ("reuse_Mparams", given.get("reuse_Mparams")),
     ):
         if zero < 3 and on:
