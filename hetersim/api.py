@@ -270,10 +270,6 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     if opts.get("global_batch") is None:
         raise FieldError("{0} is required (give it, or global_batch in the plan file)", "global_batch")
     hp = dataclasses.replace(hp, options=opts)
-    offload = dict(opts.get("offload") or {})
-    stages = max(len(p.stages) for p in hp.pipelines) if hp.pipelines else 1
-    cpu_opt = resolve_cpu_optimizer(opts.get("cpu_optimizer"), "optimizer" in offload)
-    check_inert(model_entry, opts, {**opts, "offload": offload, "cpu_optimizer": cpu_opt, "pp": stages})
     text = cluster or hp.cluster
     counts = hplan.parse_cluster_counts(text) if text else hp.gpus()
     entries = [cat.gpu(k) for k in counts]
@@ -283,12 +279,14 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
         raise FieldError(f"{{0}} {given['n_gpus']} contradicts the plan's {sum(used.values())} GPUs", "n_gpus")
     seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
     plan_s = shared_plan(cat, hp.kinds(), opts, seq)
+    defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
+    resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
+    stages = max(len(p.stages) for p in hp.pipelines) if hp.pipelines else 1
+    check_inert(model_entry, opts, {**resolved, "pp": stages})  # before the plan is compiled and run
+    resolved.update(tp=None, pp=None, dp=None, plan=hp.as_dict())
     m = build.model_spec(model_entry)
     hs = hsim.hetero_spec(hp, cat, counts, shape=hsim.padded_shape(hp))
     out = _compiled("plan")(m, hs, plan_s, cal)
-    defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
-    resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
-    resolved.update(tp=None, pp=None, dp=None, plan=hp.as_dict())
     rows = stage_rows(hp, out)
     label = ",".join(f"{k}:{n}" for k, n in counts.items())
     itv = step_time_interval(cat, entries, resolved, out.total.step_time_s, _is_moe(m))
