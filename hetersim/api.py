@@ -13,9 +13,11 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from .hplan import parse_cluster_groups
 from .planfields import AUTO, DEFAULTS, FIELDS, resolve_cpu_optimizer, resolve_sp
-from .types import LOW_PRECISION, Attention, FieldError
+from .types import LOW_PRECISION, Attention, FieldError, Tier
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
 # Plan fields the front door takes from the model entry when not given.
@@ -159,6 +161,10 @@ def configure(
         if overrides or cxl_expander or cxl_pool or cxl_p2p or layers_per_stage:
             raise FieldError("{0} describes every stage; give extra hardware with {1} files", "plan_file", "catalog")
         return configure_plan(cat, model_label, model_entry, hp, cluster, plan, cal, origin)
+    if cluster is not None and (cxl_expander or cxl_pool or cxl_p2p):
+        raise FieldError(
+            "{0} options apply to one device kind; describe a mix's tiers with {1} files", "cxl", "catalog"
+        )
     if cluster is not None and (layers_per_stage or _straddles(cluster, plan, hetero)):
         return _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage, plan, cal)
     gpu_label, gpu_entry, groups = _hardware(cat, gpu, cluster, plan.get("n_gpus"), overrides)
@@ -177,9 +183,6 @@ def configure(
     if groups is not None:
         from .cluster import check_plan, cluster_spec
 
-        if cxl_expander or cxl_pool or cxl_p2p:
-            message = "{0} options apply to one device kind; describe a mix's tiers with {1} files"
-            raise FieldError(message, "cxl", "catalog")
         if resolved.get("dualpipe"):
             raise FieldError("{0}: a mix of device kinds runs 1F1B (DualPipe is priced for one kind)", "dualpipe")
         check_plan(groups, dict(resolved), hetero)
@@ -194,6 +197,9 @@ def configure(
 
     cxl = dict(cxl_expander=cxl_expander, cxl_pool=cxl_pool, cxl_p2p=cxl_p2p or None)
     system = build.system_spec(gpu_entry, cat.links, memory=cat.memory, fleets=cat.fleets, **cxl)
+    if cxl_p2p and not np.asarray(system.host.tier_present)[[int(Tier.CXL_EXPANDER), int(Tier.CXL_POOL)]].any():
+        raise FieldError("{0} lets the GPUs reach CXL memory directly; the node has none: give {1} or {2}",
+                         "cxl_p2p", "cxl_expander", "cxl_pool")  # fmt: skip
     tiers.check_offload(system.host, resolved["offload"])
     check_checkpoint_tier(system.host, resolved.get("checkpoint_tier") or DEFAULTS["checkpoint_tier"])
     check_layout(model_entry, plan, resolved)

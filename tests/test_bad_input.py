@@ -66,6 +66,13 @@ CASES = [
     ),
     ("calibrate-out-with-dry-run", ["calibrate", "--dry-run", "--out", "{tmp}/c.toml"], ["--dry-run", "--out"]),
     ("validate-memory-missing", ["validate", "--memory", "{tmp}/missing.csv"], ["missing.csv", "memory"]),
+    ("cxl-p2p-without-cxl", ev("--cxl-p2p"), ["--cxl-p2p", "--cxl-expander", "--cxl-pool"]),
+    (
+        "cxl-on-a-layer-split",
+        ["evaluate", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:4,a100-sxm-80gb:4", "--gpus", "8"]
+        + ["--global-batch", "64", "--pp", "2", "--layers-per-stage", "16,16", "--cxl-expander", "micron-cz120:1"],
+        ["--cxl-*", "--catalog"],
+    ),
     ("switch-against-its-field", ev("--async-save", "--checkpoint-mode", "sync"), ["--async-save", "sync"]),
     ("zero3-prefetch-without-zero3", ev("--no-zero3-prefetch", "--zero", "1"), ["--zero3-prefetch", "--zero is 1"]),
     ("reuse-without-zero3", ev("--reuse-Mparams", "5", "--zero", "2"), ["--reuse-Mparams", "--zero is 2"]),
