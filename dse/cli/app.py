@@ -83,16 +83,10 @@ def _given_twice(group: Any, argv: list[str]) -> str:
         if getattr(param, "multiple", False) or getattr(param, "count", False) or not getattr(param, "opts", None):
             continue
         ways = {name: on for on, names in ((True, param.opts), (False, param.secondary_opts)) for name in names}
-        seen = []
-        for i, token in enumerate(rest):
-            name, eq, value = token.partition("=")
-            if name not in ways:
-                continue
-            if getattr(param, "is_flag", False):
-                seen.append((token, ways[name]))
-            else:
-                value = value if eq else (rest[i + 1] if i + 1 < len(rest) else "")
-                seen.append((f"{name} {value}", value))
+        flag = getattr(param, "is_flag", False)
+        seen = [
+            (token, ways[name]) if flag else (f"{name} {value}", value) for token, name, value in _given(rest, ways)
+        ]
         if len({v for _, v in seen}) > 1:
             return f"{seen[0][0]} and {seen[-1][0]} contradict each other; give one"
     return _switch_clash(command, rest)
@@ -108,13 +102,21 @@ def _switch_clash(command: Any, rest: list[str]) -> str:
         own = params.get("gpus" if f.name == "n_gpus" else f.name)
         if param not in params or flag not in rest or own is None:
             continue
-        for i, token in enumerate(rest):
-            name, eq, given = token.partition("=")
-            if name in own.opts:
-                given = given if eq else (rest[i + 1] if i + 1 < len(rest) else "")
-                if given != str(value):
-                    return f"{flag} sets {name} {value}; it contradicts {name} {given}"
+        for _, name, given in _given(rest, own.opts):
+            if given != str(value):
+                return f"{flag} sets {name} {value}; it contradicts {name} {given}"
     return ""
+
+
+def _given(rest: list[str], names) -> list[tuple[str, str, str]]:
+    """``(token, name, value)`` of each of ``names`` in ``rest``, the value written ``--x=v`` or
+    ``--x v`` (a flag's is read the same way and ignored)."""
+    out = []
+    for i, token in enumerate(rest):
+        name, eq, value = token.partition("=")
+        if name in names:
+            out.append((token, name, value if eq else (rest[i + 1] if i + 1 < len(rest) else "")))
+    return out
 
 
 def _no_flag_metavars(command: Any) -> None:
