@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from .types import whole_number
+
 BALANCE = ("equal", "speed")
 # Plan fields a heterogeneous plan sets per replica or derives from its structure.
 STRUCTURAL = ("n_gpus", "tp", "pp", "dp")
@@ -175,7 +177,7 @@ def read_plan_file(path: str | Path) -> HeteroPlan:
 
 
 def _int(where: str, key: str, value: Any, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < low:
+    if not whole_number(value, low):
         raise ValueError(f"{where}: {key} must be an integer >= {low}; got {value!r}")
     return int(value)
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .types import whole_number
+
 DS_KEYS = frozenset(
     {
         "train_batch_size",
@@ -93,7 +95,7 @@ def _count(data: dict[str, Any], key: str, origin: str, prefix: str = "", lo: in
     value = _given(data.get(key))
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < lo:
+    if not whole_number(value, lo):
         raise ValueError(f"{origin}: {prefix}{key}: must be an integer >= {lo}; got {value!r}")
     return int(value)
 

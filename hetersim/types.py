@@ -9,6 +9,7 @@ types (``RecomputeName``) annotate the functions that take a name.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Literal
 
 
@@ -263,6 +264,14 @@ class FieldError(ValueError):
 
     def named(self, names: dict[str, str]) -> str:
         return self.template.format(*(names.get(f, f) for f in self.fields))
+
+
+def whole_number(value: object, low: int) -> bool:
+    """``value`` is a whole number of at least ``low``: an int, or a finite float with no fraction
+    (a TOML or JSON ``inf`` or ``nan`` is not), never a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and value == int(value) and value >= low
 
 
 def code(options: tuple[str, ...], value: str, what: str) -> int:

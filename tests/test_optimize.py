@@ -702,3 +702,21 @@ def test_workers_without_seed_sample_differently():
 
     assert worker_seed(None, None) == 0 and worker_seed(5, "j.log") == 5
     assert len({worker_seed(None, "j.log") for _ in range(8)}) > 1
+
+
+@pytest.mark.parametrize("trials", [3, 4])
+def test_trials_at_or_below_the_corners_are_all_evaluated(tmp_path, trials):
+    """NSGA-II starts with the box's corners queued (four here: two GPUs x two bandwidths); a run
+    asking for no more trials than that evaluates that many, none of them left waiting (the queued
+    corners were counted as done and the run ended with none evaluated)."""
+    study = tmp_path / "corners.toml"
+    study.write_text(
+        'name = "corners"\n[model]\nkey = "llama2-7b"\n[hardware]\ngpu = "h100-sxm-80gb"\nn_gpus = 8\n'
+        "[plan]\ntp = [1, 2]\nglobal_batch = 64\nseq_len = 4096\n"
+        '[search]\ngpu = ["h100-sxm-80gb", "h200-sxm-141gb"]\nhbm_bw_GBps = [3000.0, 4000.0]\n'
+        "[search.price]\nhbm_bw_GBps = 0.001\n"
+    )
+    s = run_optimize(study, trials, out=tmp_path, batch=BATCH, progress=False)
+    assert "NSGAIISampler" in s["sampler"]
+    assert s["trials_added"] == s["n_trials"] == trials
+    assert s["states"] == {"complete": trials} and s["layouts_evaluated"] == 2 * trials

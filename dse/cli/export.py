@@ -24,6 +24,9 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
         raise ValueError("give --csv PATH and/or --parquet PATH")
     if csv is not None and parquet is not None and csv.resolve() == parquet.resolve():
         raise ValueError(f"--csv and --parquet both name {csv}; give each table its own file")
+    for target, flag in ((csv, "--csv"), (parquet, "--parquet")):
+        if target is not None and target.resolve() == path.resolve():
+            raise ValueError(f"{flag} {target} is the results file being read; give the table its own file")
     if parquet is not None:
         try:
             import pyarrow  # noqa: F401

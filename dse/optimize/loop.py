@@ -130,10 +130,12 @@ def _scalar(x: Any) -> float | int:
 
 
 def _active(study: Any) -> int:
-    """Trials that count towards ``--trials``: every one not failed."""
+    """Trials that count towards ``--trials``: every one asked and not failed. A waiting one (a
+    corner enqueued by :func:`_enqueue_corners`) counts once a worker asks it: counted before, it
+    would leave ``--trials`` at or below the number of corners with nothing asked at all."""
     from optuna.trial import TrialState
 
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
     return len(study.get_trials(deepcopy=False, states=states))
 
 

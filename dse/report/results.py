@@ -129,6 +129,8 @@ class Results:
 
 def load(path: str | Path) -> Results:
     ds = open_results(path)
+    if not ds["feasible"].size:
+        raise ValueError(f"{path}: holds no configurations to report")
     feasible = np.asarray(ds["feasible"].values).astype(bool)
     objectives, senses = _objectives(ds)
     if "model" in ds.variables and len(np.unique(ds["model"].values)) > 1:

@@ -65,6 +65,8 @@ def run_sweep(
     _check_options(scheduler, workers, top_k)
     job = _prepare(study_path, out_dir, chunk)
     check_output(job.path)
+    if scheduler is not None:  # the scheduler answers before any file is written or work announced
+        _connect(scheduler).close()
     if stream is None:
         stream = job.space.size >= STREAM_THRESHOLD
     job.path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +271,7 @@ def _run_dask(
     if scheduler is None:
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
     try:
-        with Client(scheduler or cluster) as client:
+        with _connect(scheduler) if cluster is None else Client(cluster) as client:
             [shared] = client.scatter([payload], broadcast=True)
             futures = [client.submit(chunk_task, shared, i, pure=False) for i in todo]
             try:
@@ -281,6 +283,19 @@ def _run_dask(
     finally:
         if cluster is not None:
             cluster.close()
+
+
+def _connect(scheduler: str):
+    """A Dask client of the scheduler at ``scheduler``; one line naming it where none answers (Dask
+    retries until its connect timeout, ``distributed.comm.timeouts.connect``)."""
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise ValueError("--scheduler/--workers need Dask: pip install 'hetersim[dask]'") from None
+    try:
+        return Client(scheduler)
+    except OSError as error:
+        raise ValueError(f"--scheduler {scheduler}: no Dask scheduler answered ({error})") from None
 
 
 def _progress(console, enabled: bool):

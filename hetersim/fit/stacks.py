@@ -10,6 +10,7 @@ the time a kernel takes still comes from the device's measured utilisation.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -82,8 +83,11 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
         if not isinstance(shards, bool):
             raise ValueError(f"{where}: shards_over_cp must be true or false; got {shards!r}")
         reuse = entry.get("zero3_reuse_Mparams", 0.0)
-        if isinstance(reuse, bool) or not isinstance(reuse, int | float) or not reuse >= 0:
-            raise ValueError(f"{where}: zero3_reuse_Mparams must be a number >= 0; got {reuse!r}")
+        if isinstance(reuse, bool) or not isinstance(reuse, int | float) or not 0 <= reuse < math.inf:
+            raise ValueError(f"{where}: zero3_reuse_Mparams must be a finite number >= 0; got {reuse!r}")
+        sources = entry.get("sources") or {}
+        if not isinstance(sources, dict):
+            raise ValueError(f"{where}: sources must be a table of fact = citation; got {sources!r}")
         prefetch = entry.get("zero3_prefetch", True)
         if not isinstance(prefetch, bool):
             raise ValueError(f"{where}: zero3_prefetch must be true or false; got {prefetch!r}")
@@ -98,7 +102,7 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
                 shards_over_cp=shards,
                 zero3_reuse_Mparams=float(reuse),
                 zero3_prefetch=prefetch,
-                sources={str(k): str(v) for k, v in (entry.get("sources") or {}).items()},
+                sources={str(k): str(v) for k, v in sources.items()},
             )
         )
     return out

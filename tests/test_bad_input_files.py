@@ -1,0 +1,124 @@
+"""Bad input found by the fourth fuzz (files and services): each case one line ``error: ...``
+naming its file, key or flag, exit 2, no traceback, nothing written — checked as
+:mod:`tests.test_bad_input` checks its cases (:func:`~tests.test_bad_input.assert_one_line_error`,
+the folder listed before and after)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+from dse import sweep
+from dse.cli import app
+from tests.test_bad_input import assert_one_line_error, listing
+from tests.test_sweep import CHUNK, write_study
+
+EV = ["evaluate", "--model", "llama2-7b"]
+DS_EV = [*EV, "--gpu", "a100-sxm-80gb", "--gpus", "8"]
+PLAN = """global_batch = 64
+micro_batch = 1
+balance = "equal"
+[[stage]]
+layers = {layers}
+replicas = [{{ gpu = "a100-sxm-80gb", tp = {tp}, count = 2 }}]
+[[stage]]
+layers = 16
+replicas = [{{ gpu = "h100-sxm-80gb", tp = 2, count = 2 }}]
+"""
+
+
+def _files(tmp: Path) -> None:
+    (tmp / "layers_inf.toml").write_text(PLAN.format(layers="inf", tp=2))
+    (tmp / "layers_nan.toml").write_text(PLAN.format(layers="nan", tp=2))
+    (tmp / "tp_inf.toml").write_text(PLAN.format(layers=16, tp="inf"))
+    stage = '{"layers": 32, "gpu": "h100-sxm-80gb", "tp": 1, "dp": Infinity}'
+    (tmp / "dp_infinity.json").write_text('{"global_batch": 64, "micro_batch": 1, "stage": [' + stage + "]}")
+    ds = '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, %s "bf16": {"enabled": true}}'
+    (tmp / "ds_stage_inf.json").write_text(ds % '"zero_optimization": {"stage": Infinity},')
+    (tmp / "ds_batch_nan.json").write_text((ds % "").replace("64", "NaN", 1))
+    stack = '[s]\nname = "a stack"\nmatch = ["Narayanan"]\nstack = "megatron-legacy"\n'
+    (tmp / "stacks_sources.toml").write_text(stack + 'sources = "see paper"\n')
+    (tmp / "stacks_reuse.toml").write_text(stack + "zero3_reuse_Mparams = inf\n")
+
+
+CASES = [
+    ("plan-layers-inf", [*EV, "--plan", "{tmp}/layers_inf.toml"], ["layers_inf.toml", "stage 0", "layers", "inf"]),
+    ("plan-layers-nan", [*EV, "--plan", "{tmp}/layers_nan.toml"], ["layers_nan.toml", "layers", "nan"]),
+    ("plan-tp-inf", [*EV, "--plan", "{tmp}/tp_inf.toml"], ["tp_inf.toml", "tp", "inf"]),
+    (
+        "plan-json-infinity",
+        [*EV, "--plan", "{tmp}/dp_infinity.json"],
+        ["dp_infinity.json", "stage 0: count must be", "got inf"],
+    ),
+    ("ds-stage-inf", [*DS_EV, "--recipe", "{tmp}/ds_stage_inf.json"], ["ds_stage_inf.json", "zero_optimization.stage"]),
+    ("ds-batch-nan", [*DS_EV, "--recipe", "{tmp}/ds_batch_nan.json"], ["ds_batch_nan.json", "train_batch_size"]),
+    (
+        "stacks-sources-not-a-table",
+        ["validate", "--stacks", "{tmp}/stacks_sources.toml"],
+        ["stacks_sources.toml", "sources", "table"],
+    ),
+    (
+        "stacks-reuse-inf",
+        ["validate", "--stacks", "{tmp}/stacks_reuse.toml"],
+        ["stacks_reuse.toml", "zero3_reuse_Mparams", "finite"],
+    ),
+]
+
+
+@pytest.fixture
+def tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _files(tmp_path)
+    return tmp_path
+
+
+def _invoke(args: list[str], tmp: Path):
+    before = listing(tmp)
+    result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp)) for a in args])
+    assert listing(tmp) == before, "the failed command left files behind"
+    return result
+
+
+@pytest.mark.parametrize("args, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_bad_file_is_one_line_and_leaves_nothing(tmp, args, fragments):
+    result = _invoke(args, tmp)
+    assert_one_line_error(result.exit_code, result.stderr, fragments)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("results")
+    return sweep.run_sweep(write_study(tmp), tmp / "out", chunk=CHUNK, progress=False)
+
+
+def test_a_results_file_without_configurations_is_refused(tmp, results):
+    with xr.open_dataset(results) as ds:
+        ds.load().isel(config=slice(0, 0)).to_netcdf(tmp / "empty.nc")
+    result = _invoke(["report", "{tmp}/empty.nc", "--out", "{tmp}/rep", "--no-validation"], tmp)
+    assert_one_line_error(result.exit_code, result.stderr, ["empty.nc", "no configurations"])
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--parquet"])
+def test_export_never_writes_over_the_results_file_it_reads(tmp, results, flag):
+    copy = tmp / "r.nc"
+    copy.write_bytes(results.read_bytes())
+    result = _invoke(["export", str(copy), flag, str(copy)], tmp)
+    assert_one_line_error(result.exit_code, result.stderr, [flag, "r.nc", "results file"])
+    assert copy.read_bytes() == results.read_bytes()
+
+
+def test_a_scheduler_that_does_not_answer_is_refused_before_any_file(tmp, monkeypatch):
+    pytest.importorskip("dask.distributed")
+    import dask
+
+    study = write_study(tmp)
+    before = listing(tmp)
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        result = CliRunner().invoke(
+            app, ["sweep", str(study), "--out", str(tmp / "out"), "--scheduler", "tcp://127.0.0.1:1"]
+        )
+    assert_one_line_error(result.exit_code, result.stderr, ["--scheduler tcp://127.0.0.1:1", "no Dask scheduler"])
+    assert listing(tmp) == before
