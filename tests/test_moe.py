@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -286,6 +287,64 @@ def test_an_moe_architecture_the_importer_does_not_know_is_refused(tmp_path):
     path.write_text(json.dumps(dict(MIXTRAL, model_type="jamba", num_experts=16)))
     with pytest.raises(ValueError, match="mixture-of-experts model_type 'jamba' is not read"):
         model_from_hf_config(path)
+
+
+def _without(config: dict, *keys: str) -> dict:
+    return {k: v for k, v in config.items() if k not in keys}
+
+
+QWEN3_30B = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_hidden_layers": 48,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}  # fmt: skip  (HF Qwen/Qwen3-30B-A3B config.json)
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        # a count the file leaves out is missing, never the config class's default (Mixtral's 8 and
+        # top-2, DeepSeek-V3's 256 experts of width 2048 and its 128-wide heads)
+        (_without(MIXTRAL, "num_local_experts"), "missing 'num_local_experts'"),
+        (_without(MIXTRAL, "num_experts_per_tok"), "missing 'num_experts_per_tok'"),
+        (_without(DEEPSEEK_V3, "n_routed_experts"), "missing 'num_local_experts' or 'num_experts' or 'n_routed"),
+        (_without(DEEPSEEK_V3, "moe_intermediate_size"), "missing 'moe_intermediate_size'"),
+        (_without(DEEPSEEK_V3, "qk_nope_head_dim"), "missing 'qk_nope_head_dim'"),
+        # an expert count that is no count is refused, never read as a dense model
+        (dict(MIXTRAL, num_local_experts=-8), "num_local_experts must be an integer >= 1"),
+        (dict(MIXTRAL, num_local_experts=0), "num_local_experts must be an integer >= 1"),
+        (dict(MIXTRAL, model_type="llama", num_local_experts="8"), "num_local_experts = '8': mixture-of-experts"),
+        (_without(dict(MIXTRAL, num_local_experts="8"), "model_type"), "mixture-of-experts model_type ''"),
+        (dict(QWEN3_30B, num_local_experts=64), "num_local_experts = 64, num_experts = 128 contradict"),
+        (dict(QWEN3_30B, decoder_sparse_step=0), "decoder_sparse_step must be an integer >= 1; got 0"),
+        (dict(DEEPSEEK_V3, num_nextn_predict_layers=0.5), "mtp_layers must be an integer from 0"),
+    ],
+)
+def test_an_moe_config_is_read_as_written_or_refused(tmp_path, config, needle):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        model_from_hf_config(path)
+
+
+def test_qwen3_moe_config_is_read_with_its_experts(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_30B))
+    m = build.model_spec(model_from_hf_config(path))
+    assert float(flops.total_params(m)) / 1e9 == pytest.approx(30.5, rel=0.02)  # the model card: 30.5B / 3.3B
+    assert float(flops.active_params(m)) / 1e9 == pytest.approx(3.3, rel=0.03)
 
 
 # --- bad input ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from ..types import whole_number
 from .check import _check_complete, _check_entry, _fail, _parse_fragment, read_document
 from .schema import Entry, _is_number
 
@@ -239,6 +240,23 @@ _FROM_THE_FILE = (
     ("intermediate_size", "n_inner"),
     ("vocab_size",),
     ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
+    # Mixture of experts and latent attention: a file's own counts, never its class's (transformers'
+    # MixtralConfig would give 8 experts and top-2, DeepseekV3Config 256 experts of width 2048).
+    _MOE_KEYS,
+    ("num_experts_per_tok", "experts_per_token"),
+    ("moe_intermediate_size",),
+    ("shared_expert_intermediate_size",),
+    ("n_shared_experts",),
+    ("first_k_dense_replace",),
+    ("decoder_sparse_step",),
+    ("n_group",),
+    ("topk_group",),
+    ("kv_lora_rank",),
+    ("q_lora_rank",),
+    ("qk_nope_head_dim",),
+    ("qk_rope_head_dim",),
+    ("v_head_dim",),
+    ("num_nextn_predict_layers",),
 )
 
 
@@ -297,7 +315,7 @@ _TEXT_CONFIG_TYPES = frozenset({"llama4"})
 
 
 def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) -> Entry:
-    experts = next((config[k] for k in _MOE_KEYS if _is_number(config.get(k))), 0)
+    experts = _expert_count(config, model_type, origin, get)
     out: Entry = {}
     if experts and experts > 1:
         out["n_experts"] = experts
@@ -317,8 +335,11 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
             out["shared_ffn_hidden"] = config["shared_expert_intermediate_size"]
         if _is_number(config.get("first_k_dense_replace")):
             out["dense_layers"] = config["first_k_dense_replace"]
-        if _is_number(config.get("decoder_sparse_step")) and config["decoder_sparse_step"] > 1:
-            out["moe_every"] = config["decoder_sparse_step"]
+        step = config.get("decoder_sparse_step")  # Qwen2/3-MoE: every step-th layer is MoE
+        if step is not None and not whole_number(step, 1):
+            raise _fail(origin, f"decoder_sparse_step must be an integer >= 1; got {step!r}")
+        if step is not None and step > 1:
+            out["moe_every"] = step
         if _is_number(config.get("n_group")) and config["n_group"] > 1 and _is_number(config.get("topk_group")):
             out["route_groups"], out["route_group_topk"] = config["n_group"], config["topk_group"]
         if config.get("mlp_only_layers"):
@@ -345,6 +366,22 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
             out["sliding_window"] = config["sliding_window"]
             out["sliding_window_share"] = share
     return out
+
+
+def _expert_count(config: dict[str, Any], model_type: str, origin: str, get) -> int:
+    """The routed experts of a mixture-of-experts ``model_type``: given in the file, a whole number
+    >= 1, and the same under every name it is given (0 for any other type)."""
+    if model_type not in _MOE_TYPES:
+        return 0
+    experts = get(*_MOE_KEYS)
+    given = {k: config[k] for k in _MOE_KEYS if config.get(k) is not None}
+    if len({repr(v) for v in given.values()}) > 1:
+        named = ", ".join(f"{k} = {v!r}" for k, v in given.items())
+        raise _fail(origin, f"{named} contradict each other; give the expert count once")
+    if not whole_number(experts, 1):
+        key = next(iter(given))
+        raise _fail(origin, f"{key} must be an integer >= 1 (the routed experts of {model_type}); got {experts!r}")
+    return experts
 
 
 def _yarn_attention_scale(config: dict[str, Any]) -> float | None:
@@ -392,10 +429,11 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
         tables = [("", config, _MOE_KEYS), *((f"{k}.", v, _NESTED_MOE_KEYS) for k, v in nested.items())]
         for prefix, table, keys in tables:
             for key in keys:
-                if _is_number(table.get(key)) and table[key] > 1:
+                value = table.get(key)
+                if value is not None and not (_is_number(value) and 0 <= value <= 1):  # 0 or 1 expert: dense
                     known = ", ".join(sorted(_MOE_TYPES))
                     message = f"mixture-of-experts model_type {model_type!r} is not read (known: {known})"
-                    raise _fail(origin, f"{prefix}{key} = {table[key]}: {message}")
+                    raise _fail(origin, f"{prefix}{key} = {value!r}: {message}")
     types = config.get("layer_types")
     if isinstance(types, list):
         other = sorted({str(t) for t in types if str(t) not in _ATTENTION_LAYER_TYPES})

@@ -78,6 +78,12 @@ def _positive_int(value: Any) -> int:
     raise _Invalid
 
 
+def _count_or_zero(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    raise _Invalid
+
+
 def _text(value: Any) -> str:
     if isinstance(value, str) and value.strip():
         return value
@@ -117,6 +123,7 @@ _NONNEGATIVE = _Field("a number >= 0", _number(lambda v: v >= 0), "number")
 _FRACTION = _Field("a number in (0, 1]", _number(lambda v: 0 < v <= 1), "number")
 _FRACTION_OR_ZERO = _Field("a number in [0, 1]", _number(lambda v: 0 <= v <= 1), "number")
 _COUNT = _Field("a positive integer", _positive_int, "integer")
+_COUNT_OR_ZERO = _Field(f"an integer from 0 to {MAX_COUNT:,}", _count_or_zero, "integer")
 _FLAG = _Field("true or false", _flag, "flag")
 
 _SCHEMA: dict[Section, dict[str, _Field]] = {
@@ -219,22 +226,22 @@ _SCHEMA: dict[Section, dict[str, _Field]] = {
         "n_experts": _COUNT.optional(),
         "top_k": _COUNT.optional(),
         "moe_ffn_hidden": _COUNT.optional(),
-        "shared_experts": _NONNEGATIVE.optional(),
-        "shared_ffn_hidden": _NONNEGATIVE.optional(),
-        "dense_layers": _NONNEGATIVE.optional(),
+        "shared_experts": _COUNT_OR_ZERO.optional(),
+        "shared_ffn_hidden": _COUNT_OR_ZERO.optional(),
+        "dense_layers": _COUNT_OR_ZERO.optional(),
         "moe_every": _COUNT.optional(),
         # Optional, group-limited routing: routed-expert groups and the groups a token may pick
         # (Hugging Face n_group / topk_group; DeepSeek-V3 8 / 4).
         "route_groups": _COUNT.optional(),
         "route_group_topk": _COUNT.optional(),
         # Optional, multi-head latent attention (DeepSeek MLA): head_dim is then qk_nope_head_dim.
-        "q_lora_rank": _NONNEGATIVE.optional(),
-        "kv_lora_rank": _NONNEGATIVE.optional(),
-        "qk_rope_head_dim": _NONNEGATIVE.optional(),
+        "q_lora_rank": _COUNT_OR_ZERO.optional(),
+        "kv_lora_rank": _COUNT_OR_ZERO.optional(),
+        "qk_rope_head_dim": _COUNT_OR_ZERO.optional(),
         "v_head_dim": _COUNT.optional(),
         # Optional: multi-token-prediction modules; sliding-window attention (width, share of layers).
-        "mtp_layers": _NONNEGATIVE.optional(),
-        "sliding_window": _NONNEGATIVE.optional(),
+        "mtp_layers": _COUNT_OR_ZERO.optional(),
+        "sliding_window": _COUNT_OR_ZERO.optional(),
         "sliding_window_share": _FRACTION.optional(),
         # Optional point-wise extras (hetersim.build.moe_fields): the clamp limit of the gated FFN's
         # inputs (GPT-OSS swiglu_limit 7), biases on the experts' linears, YaRN's attention scale.
