@@ -133,10 +133,12 @@ def read_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
 def _from_deepspeed(text: str, origin: str) -> dict[str, dict[str, Any]]:
     import json
 
+    from . import jsontext
+
     try:
-        data = json.loads(text)
+        data = jsontext.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{origin}: not valid JSON at line {error.lineno}") from None
+        raise ValueError(f"{origin}: not valid JSON ({error.msg} at line {error.lineno})") from None
     if not recipe_ds.looks_like(data):
         keys = ", ".join(sorted(recipe_ds.DS_KEYS))
         raise ValueError(f"{origin}: expected a DeepSpeed config (a JSON object with any of {keys})")

@@ -5,6 +5,8 @@ the folder listed before and after)."""
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from dse.cli import app
 from tests.test_bad_input import assert_one_line_error, listing
 from tests.test_sweep import CHUNK, write_study
 
+ROOT = Path(__file__).resolve().parents[1]
 EV = ["evaluate", "--model", "llama2-7b"]
 DS_EV = [*EV, "--gpu", "a100-sxm-80gb", "--gpus", "8"]
 PLAN = """global_batch = 64
@@ -39,9 +42,31 @@ def _files(tmp: Path) -> None:
     ds = '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, %s "bf16": {"enabled": true}}'
     (tmp / "ds_stage_inf.json").write_text(ds % '"zero_optimization": {"stage": Infinity},')
     (tmp / "ds_batch_nan.json").write_text((ds % "").replace("64", "NaN", 1))
+    (tmp / "hf_twice.json").write_text('{"model_type": "llama", "num_hidden_layers": 32, "num_hidden_layers": 80}')
+    (tmp / "plan_twice.json").write_text('{"global_batch": 64, "global_batch": 128, "stage": [' + stage + "]}")
+    (tmp / "ds_twice.json").write_text(
+        '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "train_batch_size": 32}'
+    )
+    runs = (ROOT / "hetersim" / "data" / "published_runs.csv").read_text().splitlines()
+    header, first = runs[0].split(","), next(csv.reader([runs[1]]))
+    _csv(tmp / "runs_gpu_twice.csv", [*header, "gpu"], [*first, "h100-sxm-80gb"])
+    for name, changes in {
+        "runs_nothing": dict(measured_step_time_s="", measured_tokens_per_s_per_gpu="", measured_mfu=""),
+        "runs_mfu_percent": dict(measured_step_time_s="", measured_tokens_per_s_per_gpu="", measured_mfu="44"),
+        "runs_cp": dict(seq_len="2047", cp="2", dp="16"),
+    }.items():
+        _csv(tmp / f"{name}.csv", header, [changes.get(c, v) for c, v in zip(header, first, strict=True)])
+    fast = '[gpus.h100-sxm-80gb]\naliases = "fast"\n[gpus.h200-sxm-141gb]\naliases = "fast"\n'
+    (tmp / "aliases.toml").write_text(fast)
     stack = '[s]\nname = "a stack"\nmatch = ["Narayanan"]\nstack = "megatron-legacy"\n'
     (tmp / "stacks_sources.toml").write_text(stack + 'sources = "see paper"\n')
     (tmp / "stacks_reuse.toml").write_text(stack + "zero3_reuse_Mparams = inf\n")
+
+
+def _csv(path: Path, header: list[str], row: list[str]) -> None:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([header, row])
+    path.write_text(out.getvalue())
 
 
 CASES = [
@@ -64,6 +89,39 @@ CASES = [
         "stacks-reuse-inf",
         ["validate", "--stacks", "{tmp}/stacks_reuse.toml"],
         ["stacks_reuse.toml", "zero3_reuse_Mparams", "finite"],
+    ),
+    # a key given twice, which JSON readers and csv.DictReader settle silently by taking the last
+    (
+        "json-key-twice",
+        [*DS_EV[:1], "--model", "{tmp}/hf_twice.json", *DS_EV[3:], "--global-batch", "8"],
+        ["hf_twice.json", '"num_hidden_layers" is given twice'],
+    ),
+    ("plan-key-twice", [*EV, "--plan", "{tmp}/plan_twice.json"], ["plan_twice.json", '"global_batch" is given twice']),
+    (
+        "ds-key-twice",
+        [*DS_EV, "--recipe", "{tmp}/ds_twice.json"],
+        ["ds_twice.json", '"train_batch_size" is given twice'],
+    ),
+    (
+        "runs-column-twice",
+        ["validate", "--runs", "{tmp}/runs_gpu_twice.csv"],
+        ["runs_gpu_twice.csv", "'gpu' appears twice"],
+    ),
+    (
+        "set-twice",
+        [*DS_EV, "--global-batch", "8", "--set", "hbm_bw_GBps=3000", "--set", "hbm_bw_GBps=4000"],
+        ["--set hbm_bw_GBps=3000", "hbm_bw_GBps=4000", "contradict"],
+    ),
+    # runs rows: refused before the work is announced, one line
+    ("runs-no-measurement", ["validate", "--runs", "{tmp}/runs_nothing.csv"], ["runs_nothing.csv", "no measured step"]),
+    ("runs-mfu-percent", ["validate", "--runs", "{tmp}/runs_mfu_percent.csv"], ["measured_mfu 44 is above 1"]),
+    ("runs-cp-cannot-cut", ["validate", "--runs", "{tmp}/runs_cp.csv"], ["seq_len 2047", "2 x cp = 4"]),
+    # a catalog name that names two entries (an entry's own key names it first, as always)
+    (
+        "alias-shared",
+        [*DS_EV[:1], "--catalog", "{tmp}/aliases.toml", "--model", "llama2-7b", "--gpu", "FAST", *DS_EV[5:]]
+        + ["--global-batch", "8"],
+        ["gpu 'FAST' is ambiguous", "h100-sxm-80gb, h200-sxm-141gb"],
     ),
 ]
 

@@ -62,7 +62,10 @@ def pairs(flag: str, items: list[str], sep: str, example: str) -> dict[str, str]
         key, found, value = item.partition(sep)
         if not found or not key.strip() or not value.strip():
             raise ValueError(f"{flag} expects {example}; got {item!r}")
-        out[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if out.get(key, value) != value:  # a repeated key is the user's own contradiction, never the last one silently
+            raise ValueError(f"{flag} {key}={out[key]} and {flag} {key}={value} contradict each other; give one")
+        out[key] = value
     return out
 
 

@@ -38,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import jsontext
 from .check import _check_entry, _check_refs, _fail, _parse_fragment, read_document
 from .schema import MAX_NUMBER, Entry, _is_number
 
@@ -156,7 +157,7 @@ def read_calculon_system(path: str | Path) -> dict[str, Any]:
     ``bw_GBps``, ``busbw_eff``, ``latency_us``, ``size``). One-line ``ValueError`` otherwise."""
     path = Path(path)
     origin = f"Calculon system file {path}"
-    data = read_document(path, origin, "JSON", json.loads, json.JSONDecodeError, "a Calculon systems/*.json file")
+    data = read_document(path, origin, "JSON", jsontext.loads, json.JSONDecodeError, "a Calculon systems/*.json file")
     data = _keys(origin, "system", data, _TOP_KEYS)
     matrix = _processor(origin, "matrix", data["matrix"])
     if "float16" not in matrix and "bfloat16" not in matrix:

@@ -92,14 +92,16 @@ class Catalog:
         failing that, the one entry that ``key`` names with its separators (spaces, ``_``, ``-``,
         ``/``) and a leading vendor word left out: ``A100 40GB``, ``a100_40gb`` and the device name
         PyTorch prints, ``NVIDIA A100-SXM4-40GB``, all name ``a100-sxm-40gb``. A key that names
-        more than one entry that way is an error naming them."""
+        more than one entry either way is an error naming them (an entry's own key names it first)."""
         want = key.strip().lower()
         spelled = {
             k: [k, *(a.strip() for a in str(e.get("aliases", "")).split(",") if a.strip())] for k, e in entries.items()
         }
-        for k, names in spelled.items():
-            if want in (n.lower() for n in names):
-                return k
+        named = sorted(k for k, names in spelled.items() if want in (n.lower() for n in names))
+        if len(named) > 1:  # an alias two entries share (a user entry copied with its aliases)
+            raise ValueError(f"{_SINGULAR[section]} {key!r} is ambiguous: it names {', '.join(named)}")
+        if named:
+            return named[0]
         loose = _loose(want)
         hits = sorted(k for k, names in spelled.items() if loose and loose in {_loose(n) for n in names})
         if len(hits) == 1:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from .. import jsontext
 from ..types import whole_number
 from .check import _check_complete, _check_entry, _fail, _parse_fragment, read_document
 from .schema import Entry, _is_number
@@ -515,7 +516,7 @@ def model_from_calculon(config: dict[str, Any], path: Path) -> Entry:
 
 def _read_json(path: Path, origin: str) -> dict[str, Any]:
     hint = "a Hugging Face config.json file"
-    data = read_document(path, origin, "JSON", json.loads, json.JSONDecodeError, hint)
+    data = read_document(path, origin, "JSON", jsontext.loads, json.JSONDecodeError, hint)
     if not isinstance(data, dict):
         raise _fail(origin, f"must hold a JSON object, got {type(data).__name__}")
     return data

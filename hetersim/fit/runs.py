@@ -58,6 +58,9 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     text = read_text(path, "runs")
     reader = csv.DictReader(io.StringIO(text, newline=""))  # quoted fields may hold newlines
     reader.fieldnames = [f.strip() for f in reader.fieldnames or []]
+    twice = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
+    if twice:  # csv.DictReader keeps the last column of a name silently
+        raise ValueError(f"{path}: column {twice[0]!r} appears twice in the header; give each column once")
     missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise ValueError(f"{path}: not a published-runs CSV, missing columns: {', '.join(missing)}")
@@ -197,6 +200,8 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
             f"{where}: global_batch {plan['global_batch']} is not a multiple of micro_batch x dp "
             f"= {plan['micro_batch']} x {dp}"
         )
+    if cp > 1 and plan["seq_len"] % (2 * cp):
+        raise ValueError(f"{where}: seq_len {plan['seq_len']} cannot be cut into 2 x cp = {2 * cp} chunks")
     heads, kv = int(model["heads"]), int(model["kv_heads"])
     if heads < 1 or kv < 1 or heads % kv:
         raise ValueError(f"{where}: heads {heads} must be a positive multiple of kv_heads {kv}")
@@ -371,7 +376,17 @@ def check_rows(rows: Sequence[Row], catalog, path="runs") -> None:
             host_plan(**inputs["plan"])
         except ValueError as e:
             raise ValueError(f"{path}: row {row.id}: {e}") from None
-        _step_time_column(row, path)
+        _check_measured(row, path)
+
+
+def _check_measured(row: Row, path) -> None:
+    """The row has a measurement :func:`measured_step_time` can use, and an MFU is a share."""
+    mfu = _num(path, row, "measured_mfu", integer=False, optional=True)
+    if mfu is not None and mfu > 1:
+        raise ValueError(f"{path}: row {row.id}: measured_mfu {mfu:g} is above 1; give a share of the peak (0.45)")
+    tps = _num(path, row, "measured_tokens_per_s_per_gpu", integer=False, optional=True)
+    if not (_step_time_column(row, path) or tps or mfu):
+        raise ValueError(f"{path}: row {row.id}: no measured step time, tokens/s or MFU")
 
 
 def measured_step_time(row: Row, inputs: Mapping[str, Any], path="runs", model=None) -> tuple[float, str]:
