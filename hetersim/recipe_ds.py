@@ -68,6 +68,7 @@ def read(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
         plan["tp"] = tp
     plan.update(_zero(_section(data, "zero_optimization", origin), origin))
     plan.update(_precision(data, origin))
+    _check_optimizer(_section(data, "optimizer", origin), origin)
     comm = _given(data.get("communication_data_type"))
     if comm is not None and comm not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"{origin}: communication_data_type: must be fp32, fp16 or bf16; got {comm!r}")
@@ -148,13 +149,29 @@ def _precision(data: dict[str, Any], origin: str) -> dict[str, str]:
         if not isinstance(flag, bool):
             raise ValueError(f"{origin}: {key}.enabled: must be true or false; got {flag!r}")
         enabled[key] = flag
-    if enabled["bf16"] and enabled["fp16"]:
-        raise ValueError(f"{origin}: bf16.enabled and fp16.enabled: both true; DeepSpeed takes one")
+    both = [k for k in ("bf16", "fp16", "amp") if enabled[k]]
+    if len(both) > 1:
+        raise ValueError(f"{origin}: {both[0]}.enabled and {both[1]}.enabled: both true; DeepSpeed takes one")
     if enabled["torch_autocast"]:
         dtype = data["torch_autocast"].get("dtype", "bfloat16")
         if dtype not in ("bfloat16", "float16"):
             raise ValueError(f"{origin}: torch_autocast.dtype: must be bfloat16 or float16; got {dtype!r}")
-        return {"precision": "bf16" if dtype == "bfloat16" else "fp16"}
+        precision = "bf16" if dtype == "bfloat16" else "fp16"
+        if both and both[0] != precision:
+            raise ValueError(f"{origin}: torch_autocast.dtype {dtype} and {both[0]}.enabled contradict each other")
+        return {"precision": precision}
     if enabled["bf16"]:
         return {"precision": "bf16"}
     return {"precision": "fp16" if enabled["fp16"] or enabled["amp"] else "fp32"}
+
+
+# DeepSpeed optimizer types whose states the model prices (Adam's two moments beside an fp32
+# master): Adam and AdamW. The others DeepSpeed takes (deepspeedai/DeepSpeed docs/_pages/config-json.md,
+# "optimizer": OneBitAdam, ZeroOneAdam, Lamb, OneBitLamb, Lion, MuAdam, MuSGD) keep other states.
+ADAM_TYPES = frozenset({"adam", "adamw"})
+
+
+def _check_optimizer(optimizer: dict[str, Any], origin: str) -> None:
+    kind = _given(optimizer.get("type"))
+    if kind is not None and str(kind).lower() not in ADAM_TYPES:
+        raise ValueError(f"{origin}: optimizer.type {kind!r}: only Adam and AdamW are modelled (their states)")

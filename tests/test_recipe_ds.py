@@ -96,6 +96,13 @@ def test_stage3_reuse_reduction_and_hugging_face_autos(tmp_path):
             {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 5},
             ["train_batch_size 64", "gradient_accumulation_steps = 5", "DeepSpeed asserts"],
         ),
+        # settled silently before: the first precision taken, every optimizer priced as Adam
+        ({"bf16": {"enabled": True}, "amp": {"enabled": True}}, ["bf16.enabled and amp.enabled", "both true"]),
+        (
+            {"bf16": {"enabled": True}, "torch_autocast": {"enabled": True, "dtype": "float16"}},
+            ["torch_autocast.dtype float16 and bf16.enabled contradict"],
+        ),
+        ({"train_batch_size": 8, "optimizer": {"type": "SGD"}}, ["optimizer.type 'SGD'", "Adam and AdamW"]),
         ({"lr": 1}, ["expected a DeepSpeed config"]),
         ('{"train_batch_size": 8,', ["not valid JSON"]),
     ],
