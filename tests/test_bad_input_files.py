@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,38 @@ def test_a_scheduler_that_does_not_answer_is_refused_before_any_file(tmp, monkey
         )
     assert_one_line_error(result.exit_code, result.stderr, ["--scheduler tcp://127.0.0.1:1", "no Dask scheduler"])
     assert listing(tmp) == before
+
+
+FOO = {
+    "model_type": "foo_lm",  # a type transformers does not know: the file is read as written
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "vocab_size": 128256,
+}
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"tie_word_embeddings": "false"}, "tied_embeddings must be true or false, got 'false'"),  # was read as true
+        ({"max_position_embeddings": 131072.5}, "max_position_embeddings must be a positive integer"),  # was capped
+        ({"max_position_embeddings": 1e30}, "max_position_embeddings must be a positive integer"),
+        (  # was read as full attention
+            {"sliding_window": "4096", "layer_types": ["sliding_attention"] * 32},
+            "sliding_window must be a positive integer where layer_types has sliding layers; got '4096'",
+        ),
+    ],
+)
+def test_a_config_of_an_unknown_type_is_read_as_written_or_refused(tmp_path, changes, needle):
+    from hetersim.catalog import model_from_hf_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**FOO, **changes}))
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        model_from_hf_config(path)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from .. import jsontext
 from ..types import whole_number
 from .check import _check_complete, _check_entry, _fail, _parse_fragment, read_document
-from .schema import Entry, _is_number
+from .schema import MAX_COUNT, Entry, _is_number
 
 
 def llama_ffn_hidden(hidden: int) -> int:
@@ -286,7 +286,7 @@ def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: st
     ffn_default = 4 * hidden if is_gpt2_style and _is_number(hidden) else None
     if model_type == "mpt" and _is_number(hidden):  # MPTMLP: up_proj to expansion_ratio x d_model, GELU
         ffn_default = int(config.get("expansion_ratio", 4) * hidden)
-    seq_len, seq_note = _training_seq_len(config, get)
+    seq_len, seq_note = _training_seq_len(config, get, origin)
     entry: Entry = {
         "name": name,
         "layers": get("num_hidden_layers", "n_layer", "n_layers"),
@@ -297,7 +297,7 @@ def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: st
         "vocab": get("vocab_size"),
         "mlp": "gated" if gated else "plain",
         "seq_len": seq_len,
-        "tied_embeddings": bool(config.get("tie_word_embeddings", _TIED_BY_DEFAULT.get(model_type, True))),
+        "tied_embeddings": config.get("tie_word_embeddings", _TIED_BY_DEFAULT.get(model_type, True)),
         "source": f"{source}; {seq_note}",
     }
     if config.get("head_dim") is not None:
@@ -361,7 +361,12 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
     if scale is not None and abs(scale - 1.0) > 1e-6:
         out["rope_attention_scale"] = scale
     types = config.get("layer_types")
-    if _is_number(config.get("sliding_window")) and isinstance(types, list) and types:
+    window = config.get("sliding_window")
+    if isinstance(types, list) and "sliding_attention" in types and not whole_number(window, 1):
+        raise _fail(
+            origin, f"sliding_window must be a positive integer where layer_types has sliding layers; got {window!r}"
+        )
+    if _is_number(window) and isinstance(types, list) and types:
         share = sum(1 for t in types if t == "sliding_attention") / len(types)
         if share:
             out["sliding_window"] = config["sliding_window"]
@@ -447,7 +452,7 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
         raise _fail(origin, "is_encoder_decoder: only decoder-only transformers are modelled")
 
 
-def _training_seq_len(config: dict[str, Any], get) -> tuple[Any, str]:
+def _training_seq_len(config: dict[str, Any], get, origin: str) -> tuple[Any, str]:
     """(training context, how it was chosen) -- see :data:`HF_TRAINING_SEQ_LEN_CAP`."""
     for key in ("rope_scaling", "rope_parameters"):  # transformers 5 keeps rope_scaling as rope_parameters
         scaling = config.get(key)
@@ -455,6 +460,8 @@ def _training_seq_len(config: dict[str, Any], get) -> tuple[Any, str]:
             value = scaling["original_max_position_embeddings"]
             return value, f"seq_len {value} from {key}.original_max_position_embeddings (pre-training context)"
     longest = get("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+    if _is_number(longest) and not (isinstance(longest, int) and 0 < longest <= MAX_COUNT):  # the cap hid it
+        raise _fail(origin, f"max_position_embeddings must be a positive integer; got {longest!r}")
     if _is_number(longest) and longest > HF_TRAINING_SEQ_LEN_CAP:
         note = f"seq_len {HF_TRAINING_SEQ_LEN_CAP}: the config's {longest} capped at the training default"
         return HF_TRAINING_SEQ_LEN_CAP, note
