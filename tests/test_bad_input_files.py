@@ -206,7 +206,7 @@ FOO = {
         ({"max_position_embeddings": 1e30}, "max_position_embeddings must be a positive integer"),
         (  # was read as full attention
             {"sliding_window": "4096", "layer_types": ["sliding_attention"] * 32},
-            "sliding_window must be a positive integer where layer_types has sliding layers; got '4096'",
+            "sliding_window must be a positive integer (or null); got '4096'",
         ),
     ],
 )

@@ -362,10 +362,9 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
         out["rope_attention_scale"] = scale
     types = config.get("layer_types")
     window = config.get("sliding_window")
-    if isinstance(types, list) and "sliding_attention" in types and not whole_number(window, 1):
-        raise _fail(
-            origin, f"sliding_window must be a positive integer where layer_types has sliding layers; got {window!r}"
-        )
+    sliding = isinstance(types, list) and "sliding_attention" in types
+    if sliding and window is not None and not whole_number(window, 1):  # None: the layers attend to all
+        raise _fail(origin, f"sliding_window must be a positive integer (or null); got {window!r}")
     if _is_number(window) and isinstance(types, list) and types:
         share = sum(1 for t in types if t == "sliding_attention") / len(types)
         if share:
