@@ -256,6 +256,17 @@ def _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage,
     return configure_plan(cat, model_label, model_entry, hp, cluster, {}, cal, "cluster")
 
 
+def _in_file(origin: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a plain one-line error naming the plan file ``origin`` it came from
+    (a :class:`FieldError` names its fields' flags instead)."""
+    try:
+        return fn(*args, **kwargs)
+    except FieldError:
+        raise
+    except ValueError as error:
+        raise ValueError(f"{origin}: {error}" if origin else str(error)) from None
+
+
 def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origin: str) -> Configuration:
     """A heterogeneous plan (:mod:`hetersim.hplan`) built, checked and evaluated; ``given``: plan
     fields from flags (they may add to the file's, not contradict them)."""
@@ -278,20 +289,20 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     hp = dataclasses.replace(hp, options=opts)
     text = cluster or hp.cluster
     counts = hplan.parse_cluster_counts(text) if text else hp.gpus()
-    entries = [cat.gpu(k) for k in counts]
+    entries = [_in_file(origin if not cluster else "", cat.gpu, k) for k in counts]
     hplan.check(hp, model_entry, counts, origin)
     used = hp.gpus()
     if given.get("n_gpus") is not None and int(given["n_gpus"]) != sum(used.values()):
         raise FieldError(f"{{0}} {given['n_gpus']} contradicts the plan's {sum(used.values())} GPUs", "n_gpus")
     seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
-    plan_s = shared_plan(cat, hp.kinds(), opts, seq)
+    plan_s = _in_file(origin, shared_plan, cat, hp.kinds(), opts, seq)
     defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
     resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
     stages = max(len(p.stages) for p in hp.pipelines) if hp.pipelines else 1
     check_inert(model_entry, opts, {**resolved, "pp": stages})  # before the plan is compiled and run
     resolved.update(tp=None, pp=None, dp=None, plan=hp.as_dict())
     m = build.model_spec(model_entry)
-    hs = hsim.hetero_spec(hp, cat, counts, shape=hsim.padded_shape(hp))
+    hs = _in_file(origin, hsim.hetero_spec, hp, cat, counts, shape=hsim.padded_shape(hp))
     out = _compiled("plan")(m, hs, plan_s, cal)
     rows = stage_rows(hp, out)
     label = ",".join(f"{k}:{n}" for k, n in counts.items())

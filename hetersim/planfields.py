@@ -524,10 +524,8 @@ def _plain(v: Any) -> Any:
 
 def _number(f: PlanField, value: Any) -> float:
     integer = f.kind == "int"
-    if isinstance(value, bool) and f.kind != "bool":
-        value = None
     try:
-        v = float(value)
+        v = math.nan if isinstance(value, bool) and f.kind != "bool" else float(value)  # true is no number
     except (TypeError, ValueError):
         v = math.nan
     ok = math.isfinite(v) and v >= f.lo and v <= f.hi and (v > 0 or f.lo <= 0) and (not integer or v == int(v))

@@ -39,6 +39,9 @@ def _files(tmp: Path) -> None:
     (tmp / "layers_inf.toml").write_text(PLAN.format(layers="inf", tp=2))
     (tmp / "layers_nan.toml").write_text(PLAN.format(layers="nan", tp=2))
     (tmp / "tp_inf.toml").write_text(PLAN.format(layers=16, tp="inf"))
+    plan = PLAN.format(layers=16, tp=2)
+    (tmp / "unknown_gpu.toml").write_text(plan.replace('gpu = "a100-sxm-80gb"', 'gpu = "a999"'))
+    (tmp / "zero_true.toml").write_text(plan.replace('balance = "equal"', 'balance = "equal"\nzero = true'))
     stage = '{"layers": 32, "gpu": "h100-sxm-80gb", "tp": 1, "dp": Infinity}'
     (tmp / "dp_infinity.json").write_text('{"global_batch": 64, "micro_batch": 1, "stage": [' + stage + "]}")
     ds = '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, %s "bf16": {"enabled": true}}'
@@ -118,6 +121,15 @@ CASES = [
     ("runs-no-measurement", ["validate", "--runs", "{tmp}/runs_nothing.csv"], ["runs_nothing.csv", "no measured step"]),
     ("runs-mfu-percent", ["validate", "--runs", "{tmp}/runs_mfu_percent.csv"], ["measured_mfu 44 is above 1"]),
     ("runs-cp-cannot-cut", ["validate", "--runs", "{tmp}/runs_cp.csv"], ["seq_len 2047", "2 x cp = 4"]),
+    # errors that named a flag nobody gave, or no file
+    ("plan-unknown-gpu", [*EV, "--plan", "{tmp}/unknown_gpu.toml"], ["unknown_gpu.toml: unknown gpu 'a999'"]),
+    ("plan-zero-true", [*EV, "--plan", "{tmp}/zero_true.toml"], ["zero_true.toml", "zero must be", "got True"]),
+    ("model-empty", ["evaluate", "--model", "", *DS_EV[3:], "--global-batch", "8"], ["--model is empty"]),
+    (
+        "set-a-switch-to-a-number",
+        [*DS_EV, "--global-batch", "8", "--set", "cxl_p2p=1"],
+        ["--set: gpus.a100-sxm-80gb.cxl_p2p must be true or false"],
+    ),
     # a catalog name that names two entries (an entry's own key names it first, as always)
     (
         "alias-shared",

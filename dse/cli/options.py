@@ -40,7 +40,7 @@ FIELD_FLAGS = {
     "system": "--system",
 }
 TIER_FLAGS = {name: "--" + name.replace("_", "-") for name in ("cxl_expander", "cxl_pool", "cxl_p2p", "offload")}
-_TIER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
+_TIER_FIELD = re.compile(r"(?<![\w.-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
 
 
 def with_flag(error: ValueError) -> ValueError:
@@ -74,6 +74,8 @@ def check_model(
 ) -> tuple[str, dict[str, Any]]:
     """(label, model entry) from ``--model KEY|config.json`` or from dimensions, with flag errors;
     ``extra``: a recipe's optional model fields (experts, MLA ranks), checked by the catalog schema."""
+    if model is not None and not model.strip():
+        raise ValueError("--model is empty; give a catalog key, a config.json path or a Hugging Face model id")
     if model is not None:
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
