@@ -25,6 +25,13 @@ def temp_path(path: Path) -> Path:
     return Path(tmp)
 
 
+def _plain_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 less the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -59,6 +66,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         _fsync(tmp)
+        os.chmod(tmp, _plain_file_mode())  # mkstemp makes it 0600: readable by its owner alone
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+
 import numpy as np
 import pytest
 
@@ -57,3 +59,11 @@ def test_a_file_in_missing_folders_is_written_where_check_target_allows_it(tmp_p
     atomic.write_text(target, "{}\n")
     assert target.read_text() == "{}\n"
     assert [p.name for p in target.parent.iterdir()] == ["x.json"]
+
+
+def test_a_written_file_gets_the_mode_a_plain_open_gives(tmp_path):
+    """mkstemp makes its file 0600; the written file is readable as any file the user creates."""
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    atomic.write_text(tmp_path / "atomic.txt", "x")
+    assert stat.S_IMODE((tmp_path / "atomic.txt").stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
