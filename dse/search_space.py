@@ -334,11 +334,13 @@ def _hardware_outer(origin: str, search: Mapping[str, Any], mix: MixSearch | Non
         seen_paths[param.path] = key
         if isinstance(value, list):
             values = _numbers(origin, f"search.{key}", value)
+            _within_catalog(origin, key, values)
             outer.append(OuterParam(key, "float", choices=values, param=param))
             continue
         rng = _range(origin, key, value, integer=False)
         if rng is None:
             raise _err(origin, f"search.{key}", f"must be {{low = .., high = ..}} or a list of numbers; got {value!r}")
+        _within_catalog(origin, key, [rng["low"], rng["high"]])
         outer.append(_param(key, "float", rng, param))
     return outer
 
@@ -448,6 +450,14 @@ def _numbers(origin: str, key: str, values: list[Any]) -> tuple[float, ...]:
     if len(set(values)) != len(values):
         raise _err(origin, key, "duplicate values")
     return tuple(float(v) for v in values)
+
+
+def _within_catalog(origin: str, key: str, values: Sequence[float]) -> None:
+    """A searched hardware value stays within what the catalog (and ``--set``) takes for any field."""
+    from hetersim.catalog.schema import MAX_NUMBER
+
+    if max(abs(v) for v in values) > MAX_NUMBER:
+        raise _err(origin, f"search.{key}", f"values must be at most {MAX_NUMBER:.0e}, as in the catalog")
 
 
 def _range(origin: str, name: str, value: Any, integer: bool) -> dict[str, Any] | None:

@@ -39,6 +39,9 @@ def _files(tmp: Path) -> None:
     (tmp / "layers_inf.toml").write_text(PLAN.format(layers="inf", tp=2))
     (tmp / "layers_nan.toml").write_text(PLAN.format(layers="nan", tp=2))
     (tmp / "tp_inf.toml").write_text(PLAN.format(layers=16, tp="inf"))
+    hardware = (ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml").read_text()
+    huge = hardware.replace("{low = 3000, high = 9600, step = 300}", "{low = 1e39, high = 1e40}", 1)
+    (tmp / "huge_range.toml").write_text(huge)
     plan = PLAN.format(layers=16, tp=2)
     (tmp / "unknown_gpu.toml").write_text(plan.replace('gpu = "a100-sxm-80gb"', 'gpu = "a999"'))
     (tmp / "zero_true.toml").write_text(plan.replace('balance = "equal"', 'balance = "equal"\nzero = true'))
@@ -129,6 +132,11 @@ CASES = [
         "set-a-switch-to-a-number",
         [*DS_EV, "--global-batch", "8", "--set", "cxl_p2p=1"],
         ["--set: gpus.a100-sxm-80gb.cxl_p2p must be true or false"],
+    ),
+    (  # evaluated at 1e40, which float32 cannot hold; --set refuses it
+        "search-range-beyond-the-catalog",
+        ["optimize", "{tmp}/huge_range.toml", "--trials", "1", "--out", "{tmp}"],
+        ["huge_range.toml", "search.hbm_bw_GBps", "at most 1e+12"],
     ),
     # a catalog name that names two entries (an entry's own key names it first, as always)
     (
