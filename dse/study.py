@@ -219,12 +219,17 @@ def _hardware(origin: str, hw: Mapping[str, Any], catalog: Catalog, clusters) ->
     for key in gpu_keys:
         entry = _lookup(origin, "hardware.gpu", catalog.gpu, key)
         if overrides:
-            entry = apply_overrides("gpus", key, entry, overrides, origin=f"{origin}: hardware.set", catalog=catalog)
+            where = f"{origin}: hardware.set"
+            entry = apply_overrides("gpus", key, entry, overrides, origin=where, catalog=catalog, text=False)
         gpus[key] = entry
     if clusters and "n_gpus" not in hw:
         return gpus, tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
     n_gpus = _required(origin, "hardware.n_gpus", hw.get("n_gpus"))
-    return gpus, _ints(origin, "hardware.n_gpus", n_gpus, lo=1, hi=int(planfields.BY_NAME["n_gpus"].hi))
+    counts = _ints(origin, "hardware.n_gpus", n_gpus, lo=1, hi=int(planfields.BY_NAME["n_gpus"].hi))
+    totals = sorted({sum(c for _, c in groups) for groups in clusters.values()})
+    if clusters and not set(counts) & set(totals):  # every point would be flagged "gpu count"
+        raise _err(origin, "hardware.n_gpus", f"{list(counts)} matches no cluster's GPUs ({totals}); leave it out")
+    return gpus, counts
 
 
 def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mapping, gpus: Mapping) -> dict:

@@ -42,6 +42,12 @@ def _files(tmp: Path) -> None:
     hardware = (ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml").read_text()
     huge = hardware.replace("{low = 3000, high = 9600, step = 300}", "{low = 1e39, high = 1e40}", 1)
     (tmp / "huge_range.toml").write_text(huge)
+    study = '[model]\nkey = "llama2-7b"\n[hardware]\n{hw}\n[plan]\ntp = [1, 2]\nglobal_batch = 64\nseq_len = 4096\n'
+    mix = 'cluster = "a100-sxm-80gb:4,h100-sxm-80gb:4"\nn_gpus = 16'
+    (tmp / "mix_16.toml").write_text('name = "s"\n' + study.format(hw=mix))
+    as_text = 'gpu = "h100-sxm-80gb"\nn_gpus = 8\n[hardware.set]\nhbm_bw_GBps = "9600"'
+    (tmp / "set_text.toml").write_text('name = "s"\n' + study.format(hw=as_text))
+    (tmp / "plain.toml").write_text('name = "s"\n' + study.format(hw='gpu = "h100-sxm-80gb"\nn_gpus = 8'))
     plan = PLAN.format(layers=16, tp=2)
     (tmp / "unknown_gpu.toml").write_text(plan.replace('gpu = "a100-sxm-80gb"', 'gpu = "a999"'))
     (tmp / "zero_true.toml").write_text(plan.replace('balance = "equal"', 'balance = "equal"\nzero = true'))
@@ -138,6 +144,10 @@ CASES = [
         ["optimize", "{tmp}/huge_range.toml", "--trials", "1", "--out", "{tmp}"],
         ["huge_range.toml", "search.hbm_bw_GBps", "at most 1e+12"],
     ),
+    # studies: a value no point can use, a number written as text, an option that changes nothing
+    ("study-gpus-of-no-cluster", ["sweep", "{tmp}/mix_16.toml", "--out", "{tmp}"], ["hardware.n_gpus", "[16]", "[8]"]),
+    ("study-set-as-text", ["sweep", "{tmp}/set_text.toml", "--out", "{tmp}"], ["hbm_bw_GBps must be", "'9600'"]),
+    ("top-k-unstreamed", ["sweep", "{tmp}/plain.toml", "--out", "{tmp}", "--no-stream", "--top-k", "5"], ["--top-k"]),
     # a catalog name that names two entries (an entry's own key names it first, as always)
     (
         "alias-shared",

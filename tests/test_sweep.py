@@ -737,10 +737,11 @@ def test_stream_is_automatic_for_big_spaces_and_a_cli_flag(tiny, tmp_path, monke
     from dse import cli
     from dse.cli.sweep import sweep_cmd
 
-    assert inspect.signature(sweep_cmd).parameters["top_k"].default.default == sweep.DEFAULT_TOP_K
+    top_k = inspect.signature(sweep_cmd).parameters["top_k"].default  # None: given or not (--no-stream refuses it)
+    assert top_k.default is None and f"[default: {sweep.DEFAULT_TOP_K}]" in top_k.help
     args = ["sweep", str(study), "--out", str(tmp_path / "typer.nc"), "--chunk", str(CHUNK), "--json"]
-    for flag, expected in (("--stream", True), ("--no-stream", False)):
-        result = CliRunner().invoke(cli.app, [*args, flag, "--top-k", "4"])
+    for flag, extra, expected in (("--stream", ["--top-k", "4"], True), ("--no-stream", [], False)):
+        result = CliRunner().invoke(cli.app, [*args, flag, *extra])
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout).get("streamed", False) is expected
 

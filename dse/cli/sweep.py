@@ -255,11 +255,16 @@ def sweep_cmd(
         help="Keep only the top-k per objective, the Pareto set and per-axis summaries "
         "[default: stream spaces of 1e8 configurations or more].",
     ),
-    top_k: int = typer.Option(100, "--top-k", help="Configurations kept per objective when streaming."),
+    top_k: int | None = typer.Option(
+        None, "--top-k", help="Configurations kept per objective when streaming [default: 100]."
+    ),
 ) -> None:
     """Evaluate every configuration of a study; write a netCDF dataset and print the best ones."""
     positive("--chunk", chunk, hi=MAX_CHUNK)
-    positive("--top-k", top_k, hi=MAX_TOP_K)
+    if top_k is not None:
+        positive("--top-k", top_k, hi=MAX_TOP_K)
+        if stream is False:
+            raise ValueError("--top-k applies to a streamed sweep; --no-stream keeps every configuration")
     if workers < 0:
         raise ValueError(f"--workers must be >= 0; got {workers}")
     sweep_command(study, out, chunk, scheduler, workers, as_json, stream=stream, top_k=top_k)

@@ -19,15 +19,17 @@ def apply_overrides(
     *,
     origin: str = "apply_overrides",
     catalog: Catalog | None = None,
+    text: bool = True,
 ) -> Entry:
     """Return a copy of `entry` with `overrides` applied and validated like a catalog file.
 
-    String values are parsed for numeric and boolean fields (so CLI ``--set hbm_bw_GBps=9600``
-    works); references to links are checked when a `catalog` is given.
+    With ``text`` (the CLI's), string values are parsed for numeric and boolean fields (so
+    ``--set hbm_bw_GBps=9600`` works); a file's (``text=False``) are typed as a catalog file's.
+    References to links are checked when a `catalog` is given.
     """
     if section not in SECTIONS:
         raise ValueError(f"{origin}: unknown catalog section {section!r}; known: {', '.join(SECTIONS)}")
-    raw = {name: _from_text(section, name, value) for name, value in overrides.items()}
+    raw = {name: _from_text(section, name, value) if text else value for name, value in overrides.items()}
     if _PROVENANCE[section] in raw:
         what = _PROVENANCE[section]
         raise _fail(origin, f"{section}.{entry_key}.{what} cannot be set by an override")
