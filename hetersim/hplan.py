@@ -339,8 +339,10 @@ def check(plan: HeteroPlan, model: Mapping[str, Any], cluster: Mapping[str, int]
                     raise ValueError(
                         f"{swhere}: replicas' micro_batches sum to {got}; the pipeline takes {p.micro_batches}"
                     )
+    fixed = [p for p in plan.pipelines if p.micro_batches is not None]
+    if fixed and len(fixed) < len(plan.pipelines):  # as for a stage's replicas: the rest were dealt equally
+        raise ValueError(f"{origin}: micro_batches given for some pipelines only; give it for all or none")
     if total_mb is not None:
-        fixed = [p for p in plan.pipelines if p.micro_batches is not None]
         if len(fixed) == len(plan.pipelines):
             got = sum(p.micro_batches * p.count for p in fixed)
             if got != total_mb:

@@ -493,6 +493,8 @@ def hetero_spec(hplan, catalog, cluster: dict[str, int] | None = None, shape=Non
     link_bw = link_lat = 0.0
     if hplan.link:
         link = catalog.link(hplan.link)
+        if link["kind"] != "scaleout":  # kinds sit on different nodes: their traffic crosses the NICs
+            raise ValueError(f"link {hplan.link!r} between kinds is a {link['kind']} link; name a scaleout link")
         link_bw, link_lat = float(link["bw_GBps"]) * float(link.get("busbw_eff", 1.0)), float(link["latency_us"])
     used = jnp.asarray([1.0 if k in used_kinds else 0.0 for k in kinds])
     cross = _cross_network_jit(stacked, used, link_bw, link_lat)

@@ -49,6 +49,11 @@ def _files(tmp: Path) -> None:
     (tmp / "set_text.toml").write_text('name = "s"\n' + study.format(hw=as_text))
     (tmp / "plain.toml").write_text('name = "s"\n' + study.format(hw='gpu = "h100-sxm-80gb"\nn_gpus = 8'))
     plan = PLAN.format(layers=16, tp=2)
+    (tmp / "link_nvlink.toml").write_text(plan.replace('balance = "equal"', 'balance = "equal"\nlink = "nvlink4"'))
+    pipe = "[[pipeline]]\ncount = 1\n{mb}[[pipeline.stage]]\nlayers = 32\n"
+    pipe += 'replicas = [{{ gpu = "{gpu}", tp = 1, count = 1 }}]\n'
+    some = pipe.format(mb="micro_batches = 60\n", gpu="h100-sxm-80gb") + pipe.format(mb="", gpu="a100-sxm-80gb")
+    (tmp / "some_pipelines.toml").write_text("global_batch = 64\nmicro_batch = 1\n" + some)
     (tmp / "unknown_gpu.toml").write_text(plan.replace('gpu = "a100-sxm-80gb"', 'gpu = "a999"'))
     (tmp / "zero_true.toml").write_text(plan.replace('balance = "equal"', 'balance = "equal"\nzero = true'))
     stage = '{"layers": 32, "gpu": "h100-sxm-80gb", "tp": 1, "dp": Infinity}'
@@ -130,6 +135,10 @@ CASES = [
     ("runs-no-measurement", ["validate", "--runs", "{tmp}/runs_nothing.csv"], ["runs_nothing.csv", "no measured step"]),
     ("runs-mfu-percent", ["validate", "--runs", "{tmp}/runs_mfu_percent.csv"], ["measured_mfu 44 is above 1"]),
     ("runs-cp-cannot-cut", ["validate", "--runs", "{tmp}/runs_cp.csv"], ["seq_len 2047", "2 x cp = 4"]),
+    # plan files: a share given for some pipelines only (the rest were dealt equally, the share
+    # ignored), a scale-up link between kinds on different nodes (a cap above their NICs: no effect)
+    ("plan-some-pipelines", [*EV, "--plan", "{tmp}/some_pipelines.toml"], ["for some pipelines only"]),
+    ("plan-nvlink-between-kinds", [*EV, "--plan", "{tmp}/link_nvlink.toml"], ["'nvlink4' between kinds", "scaleout"]),
     # errors that named a flag nobody gave, or no file
     ("plan-unknown-gpu", [*EV, "--plan", "{tmp}/unknown_gpu.toml"], ["unknown_gpu.toml: unknown gpu 'a999'"]),
     ("plan-zero-true", [*EV, "--plan", "{tmp}/zero_true.toml"], ["zero_true.toml", "zero must be", "got True"]),
