@@ -60,7 +60,11 @@ def open_results(path: str | Path, *, grid: bool = False):
     if dim is None:
         ds.close()
         raise ValueError(f"{path}: not a HeterSim results dataset (no 'config' or 'trial' dimension)")
-    ds = decode_names(ds, dim)
+    try:
+        ds = decode_names(ds, dim)
+    except ValueError as error:
+        ds.close()
+        raise ValueError(f"{path}: not a HeterSim results dataset ({error})") from None
     levels = index_columns(ds, dim)
     if dim in ds.variables and levels:
         # a streamed sweep's flat index of each kept row, an optimize file's trial number: kept, as coordinates
@@ -73,8 +77,23 @@ def open_results(path: str | Path, *, grid: bool = False):
     return unstack(ds, dim, levels, path)
 
 
+def check_codes(ds, dim: str) -> None:
+    """Every categorical column's codes are among its ``flag_values`` (or -1, none: an optimize
+    trial without a layout); one-line ``ValueError`` naming the column otherwise."""
+    for c in (*COLUMNS, *str(ds.attrs.get("outer_variables", "")).split()):
+        var = ds.variables.get(c)
+        if var is None or var.dims != (dim,) or "flag_meanings" not in var.attrs or "flag_values" not in var.attrs:
+            continue
+        n = len(str(var.attrs["flag_meanings"]).split())
+        codes = np.asarray(var.values).astype(np.int64)
+        bad = codes[(codes < -1) | (codes >= n)]
+        if bad.size:
+            raise ValueError(f"{c} holds code {int(bad[0])}, not one of its flag_values (0..{n - 1})")
+
+
 def decode_names(ds, dim: str):
     """Categorical columns as names, ``feasible``/``pareto`` as booleans, the columns as coordinates."""
+    check_codes(ds, dim)
     outer = str(ds.attrs.get("outer_variables", "")).split()
     columns = [c for c in (*COLUMNS, *outer) if c in ds.variables and ds[c].dims == (dim,)]
     out = ds.set_coords(columns)
@@ -85,7 +104,6 @@ def decode_names(ds, dim: str):
             continue
         labels = np.array([*str(meanings).split(), ""], dtype=object)  # the last one: code -1
         codes = np.asarray(var.values).astype(np.int64)
-        codes = np.where((codes >= 0) & (codes < len(labels) - 1), codes, -1)
         attrs = {k: v for k, v in var.attrs.items() if k not in ("flag_values", "flag_meanings", "units")}
         out = out.assign_coords({c: (var.dims, labels[codes].astype(str), attrs)})
     for name in ("feasible", "pareto"):

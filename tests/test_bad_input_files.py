@@ -256,3 +256,15 @@ def test_a_config_of_an_unknown_type_is_read_as_written_or_refused(tmp_path, cha
     path.write_text(json.dumps({**FOO, **changes}))
     with pytest.raises(ValueError, match=re.escape(needle)):
         model_from_hf_config(path)
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_a_code_outside_a_columns_flag_values_is_refused(tmp, results, command):
+    """recompute = 99 was exported as empty strings and drawn in a report."""
+    with xr.open_dataset(results) as ds:
+        ds = ds.load()
+    ds["recompute"] = ds["recompute"] * 0 + 99
+    ds.to_netcdf(tmp / "codes.nc")
+    out = ["--out", "{tmp}/rep", "--no-validation"] if command == "report" else ["--csv", "{tmp}/t.csv"]
+    result = _invoke([command, "{tmp}/codes.nc", *out], tmp)
+    assert_one_line_error(result.exit_code, result.stderr, ["codes.nc", "recompute holds code 99"])

@@ -10,6 +10,7 @@ import numpy as np
 
 from dse.metrics import METRICS, display_units
 from dse.pareto import pareto_front
+from dse.results import check_codes
 from hetersim import planfields
 from hetersim.units import DAY, HOUR
 
@@ -46,6 +47,11 @@ def open_results(path: str | Path):
     if missing:
         ds.close()
         raise ValueError(f"{path}: results dataset lacks variable(s) {', '.join(dict.fromkeys(missing))}")
+    try:
+        check_codes(ds, "config")
+    except ValueError as error:
+        ds.close()
+        raise ValueError(f"{path}: not a HeterSim results dataset ({error})") from None
     return ds
 
 
