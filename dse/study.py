@@ -167,6 +167,7 @@ def _study(doc: Mapping[str, Any], text: str, origin: str, base: Path | None, ca
 
     model_keys = _strings(origin, "model.key", _required(origin, "model.key", model_t.get("key")))
     models = {k: _lookup(origin, "model.key", lambda key: _model(catalog, key, base), k) for k in model_keys}
+    _once(origin, "model.key", list(model_keys), catalog, "models")
     clusters, hetero = _clusters(origin, hw)
     gpus, n_gpus = _hardware(origin, hw, catalog, clusters)
     gpu_axis = tuple(clusters) if clusters else tuple(gpus)
@@ -222,6 +223,8 @@ def _hardware(origin: str, hw: Mapping[str, Any], catalog: Catalog, clusters) ->
             where = f"{origin}: hardware.set"
             entry = apply_overrides("gpus", key, entry, overrides, origin=where, catalog=catalog, text=False)
         gpus[key] = entry
+    if not clusters:  # one device under two spellings would give the same points twice
+        _once(origin, "hardware.gpu", list(gpus), catalog, "gpus")
     if clusters and "n_gpus" not in hw:
         return gpus, tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
     n_gpus = _required(origin, "hardware.n_gpus", hw.get("n_gpus"))
@@ -356,6 +359,18 @@ def _as_list(origin: str, key: str, value: Any) -> list[Any]:
             raise _err(origin, key, f"duplicate value {v!r}")
         seen.append(v)
     return values
+
+
+def _once(origin: str, key: str, names: list[str], catalog: Catalog, section: str) -> None:
+    """No two of ``names`` name one catalog entry (a model file or Hugging Face id names itself)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        try:
+            same = seen.setdefault(catalog.key(section, name), name)
+        except ValueError:
+            same = seen.setdefault(name, name)
+        if same != name:
+            raise _err(origin, key, f"{same!r} and {name!r} name the same entry; give it once")
 
 
 def _strings(origin: str, key: str, value: Any) -> tuple[str, ...]:

@@ -48,6 +48,10 @@ def _files(tmp: Path) -> None:
     as_text = 'gpu = "h100-sxm-80gb"\nn_gpus = 8\n[hardware.set]\nhbm_bw_GBps = "9600"'
     (tmp / "set_text.toml").write_text('name = "s"\n' + study.format(hw=as_text))
     (tmp / "plain.toml").write_text('name = "s"\n' + study.format(hw='gpu = "h100-sxm-80gb"\nn_gpus = 8'))
+    two = 'gpu = ["h100-sxm-80gb", "H100-SXM-80GB"]\nn_gpus = 8'
+    (tmp / "gpu_twice.toml").write_text('name = "s"\n' + study.format(hw=two))
+    models = study.replace('key = "llama2-7b"', 'key = ["llama2-7b", "LLAMA2-7B"]')
+    (tmp / "model_twice.toml").write_text('name = "s"\n' + models.format(hw='gpu = "h100-sxm-80gb"\nn_gpus = 8'))
     plan = PLAN.format(layers=16, tp=2)
     (tmp / "link_nvlink.toml").write_text(plan.replace('balance = "equal"', 'balance = "equal"\nlink = "nvlink4"'))
     pipe = "[[pipeline]]\ncount = 1\n{mb}[[pipeline.stage]]\nlayers = 32\n"
@@ -156,6 +160,8 @@ CASES = [
     # studies: a value no point can use, a number written as text, an option that changes nothing
     ("study-gpus-of-no-cluster", ["sweep", "{tmp}/mix_16.toml", "--out", "{tmp}"], ["hardware.n_gpus", "[16]", "[8]"]),
     ("study-set-as-text", ["sweep", "{tmp}/set_text.toml", "--out", "{tmp}"], ["hbm_bw_GBps must be", "'9600'"]),
+    ("study-gpu-twice", ["sweep", "{tmp}/gpu_twice.toml", "--out", "{tmp}"], ["'H100-SXM-80GB'", "same entry"]),
+    ("study-model-twice", ["sweep", "{tmp}/model_twice.toml", "--out", "{tmp}"], ["'LLAMA2-7B'", "same entry"]),
     ("top-k-unstreamed", ["sweep", "{tmp}/plain.toml", "--out", "{tmp}", "--no-stream", "--top-k", "5"], ["--top-k"]),
     # a catalog name that names two entries (an entry's own key names it first, as always)
     (

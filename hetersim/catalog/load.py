@@ -80,11 +80,13 @@ class Catalog:
     def fleet(self, key: str) -> Entry:
         return self._lookup("fleets", key)
 
-    def _lookup(self, section: Section, key: str) -> Entry:
+    def key(self, section: Section, name: str) -> str:
+        """The key of the entry of ``section`` that ``name`` names (its key, any spelling or alias)."""
         entries = self.section(section)
-        if key not in entries:
-            key = self._resolve(entries, key, section)
-        return copy.deepcopy(entries[key])
+        return name if name in entries else self._resolve(entries, name, section)
+
+    def _lookup(self, section: Section, key: str) -> Entry:
+        return copy.deepcopy(self.section(section)[self.key(section, key)])
 
     @staticmethod
     def _resolve(entries: Mapping[str, Entry], key: str, section: Section) -> str:
