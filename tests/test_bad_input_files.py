@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import xarray as xr
 from typer.testing import CliRunner
@@ -269,7 +270,8 @@ def test_a_code_outside_a_columns_flag_values_is_refused(tmp, results, command):
     """recompute = 99 was exported as empty strings and drawn in a report."""
     with xr.open_dataset(results) as ds:
         ds = ds.load()
-    ds["recompute"] = ds["recompute"] * 0 + 99
+    codes = ds["recompute"]
+    ds["recompute"] = codes.copy(data=np.full(codes.shape, 99, codes.dtype))  # its flag attributes kept
     ds.to_netcdf(tmp / "codes.nc")
     out = ["--out", "{tmp}/rep", "--no-validation"] if command == "report" else ["--csv", "{tmp}/t.csv"]
     result = _invoke([command, "{tmp}/codes.nc", *out], tmp)
