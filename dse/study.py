@@ -225,13 +225,14 @@ def _hardware(origin: str, hw: Mapping[str, Any], catalog: Catalog, clusters) ->
         gpus[key] = entry
     if not clusters:  # one device under two spellings would give the same points twice
         _once(origin, "hardware.gpu", list(gpus), catalog, "gpus")
+    totals = tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
     if clusters and "n_gpus" not in hw:
-        return gpus, tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
+        return gpus, totals
     n_gpus = _required(origin, "hardware.n_gpus", hw.get("n_gpus"))
     counts = _ints(origin, "hardware.n_gpus", n_gpus, lo=1, hi=int(planfields.BY_NAME["n_gpus"].hi))
-    totals = sorted({sum(c for _, c in groups) for groups in clusters.values()})
     if clusters and not set(counts) & set(totals):  # every point would be flagged "gpu count"
-        raise _err(origin, "hardware.n_gpus", f"{list(counts)} matches no cluster's GPUs ({totals}); leave it out")
+        message = f"{list(counts)} matches no cluster's GPUs ({list(totals)}); leave it out"
+        raise _err(origin, "hardware.n_gpus", message)
     return gpus, counts
 
 
