@@ -360,3 +360,48 @@ def test_experts_in_a_nested_table_and_layers_that_are_not_attention_are_refused
         model_from_hf_config(write(tmp_path / "hybrid", hybrid))
     sliding = {**LLAMA31_8B, "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}
     assert model_from_hf_config(write(tmp_path / "sliding", sliding))["layers"] == 2
+
+
+# mistralai/Mistral-7B-v0.1 config.json: a 4,096-token sliding window in every layer, which
+# transformers' MistralModel applies to all layers (one sliding-window mask, no layer_types).
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "sliding_window": 4096,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
+}
+
+
+def test_a_window_every_layer_takes_is_read_and_priced(tmp_path):
+    """Mistral (and Mixtral, Phi-3, Starcoder2, Qwen3-MoE with use_sliding_window) put the config's
+    sliding_window on every layer: read as a window on all of them, not as full attention; a null
+    window (Mistral v0.2 and later) or Qwen3-MoE without use_sliding_window is full attention, and a
+    window that is no positive integer is refused."""
+    entry = model_from_hf_config(write(tmp_path / "v01", MISTRAL_7B_V01))
+    assert (entry["sliding_window"], entry["sliding_window_share"]) == (4096, 1.0)
+    full = model_from_hf_config(write(tmp_path / "null", {**MISTRAL_7B_V01, "sliding_window": None}))
+    assert "sliding_window" not in full
+    qwen3_moe = {**MISTRAL_7B_V01, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2}
+    qwen3_moe["moe_intermediate_size"] = 1024
+    assert "sliding_window" not in model_from_hf_config(write(tmp_path / "q", qwen3_moe))
+    on = model_from_hf_config(write(tmp_path / "q_on", {**qwen3_moe, "use_sliding_window": True}))
+    assert (on["sliding_window"], on["sliding_window_share"]) == (4096, 1.0)
+    with pytest.raises(ValueError, match=r"sliding_window must be a positive integer \(or null\); got 0"):
+        model_from_hf_config(write(tmp_path / "zero", {**MISTRAL_7B_V01, "sliding_window": 0}))
+    # At 32k tokens the window cuts each query's keys from up to 32,768 to 4,096: less attention.
+    args = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--tp", "8", "--recompute", "selective"]
+    long = ["--seq-len", "32768", "--global-batch", "8"]
+    windowed = run_json([*args, *long, "--model", str(tmp_path / "v01")])
+    dense = run_json([*args, *long, "--model", str(tmp_path / "null")])
+    assert windowed["step_time_s"] < 0.8 * dense["step_time_s"]
+    short = ["--seq-len", "4096", "--global-batch", "64"]
+    same = [run_json([*args, *short, "--model", str(tmp_path / m)])["step_time_s"] for m in ("v01", "null")]
+    assert same[0] == pytest.approx(same[1], rel=1e-5)  # a window as long as the sequence: float32 rounding only

@@ -360,17 +360,33 @@ def _hf_moe_fields(config: dict[str, Any], model_type: str, origin: str, get) ->
     scale = _yarn_attention_scale(config)
     if scale is not None and abs(scale - 1.0) > 1e-6:
         out["rope_attention_scale"] = scale
+    out.update(_sliding_fields(config, model_type, origin))
+    return out
+
+
+# Types whose every layer attends through ``sliding_window`` when the config sets it, with no
+# ``layer_types``: their model builds one mask for all layers, ``create_causal_mask if
+# self.config.sliding_window is None else create_sliding_window_causal_mask`` (transformers 5.25
+# models/{mistral,mixtral,phi3,phimoe,starcoder2,qwen3_moe}/modeling_*.py); Qwen3-MoE's config keeps
+# the window only under ``use_sliding_window`` (configuration_qwen3_moe.py).
+_EVERY_LAYER_WINDOW = frozenset({"mistral", "mixtral", "phi3", "phimoe", "starcoder2", "qwen3_moe"})
+
+
+def _sliding_fields(config: dict[str, Any], model_type: str, origin: str) -> Entry:
+    """``sliding_window`` and the share of layers it applies to: the layers ``layer_types`` marks
+    ``sliding_attention``, or all of them for :data:`_EVERY_LAYER_WINDOW` (none where the window is
+    null)."""
     types = config.get("layer_types")
     window = config.get("sliding_window")
-    sliding = isinstance(types, list) and "sliding_attention" in types
-    if sliding and window is not None and not whole_number(window, 1):  # None: the layers attend to all
-        raise _fail(origin, f"sliding_window must be a positive integer (or null); got {window!r}")
-    if _is_number(window) and isinstance(types, list) and types:
+    if model_type == "qwen3_moe" and not config.get("use_sliding_window"):
+        window = None
+    if isinstance(types, list) and types:
         share = sum(1 for t in types if t == "sliding_attention") / len(types)
-        if share:
-            out["sliding_window"] = config["sliding_window"]
-            out["sliding_window_share"] = share
-    return out
+    else:
+        share = 1.0 if model_type in _EVERY_LAYER_WINDOW else 0.0
+    if share and window is not None and not whole_number(window, 1):  # None: the layers attend to all
+        raise _fail(origin, f"sliding_window must be a positive integer (or null); got {window!r}")
+    return {"sliding_window": window, "sliding_window_share": share} if share and window is not None else {}
 
 
 def _expert_count(config: dict[str, Any], model_type: str, origin: str, get) -> int:
