@@ -250,6 +250,7 @@ FOO = {
         ({"tie_word_embeddings": "false"}, "tied_embeddings must be true or false, got 'false'"),  # was read as true
         ({"max_position_embeddings": 131072.5}, "max_position_embeddings must be a positive integer"),  # was capped
         ({"max_position_embeddings": 1e30}, "max_position_embeddings must be a positive integer"),
+        ({"max_position_embeddings": None, "n_positions": 1e30}, "n_positions must be a positive integer"),
         (  # was read as full attention
             {"sliding_window": "4096", "layer_types": ["sliding_attention"] * 32},
             "sliding_window must be a positive integer (or null); got '4096'",

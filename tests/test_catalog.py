@@ -469,7 +469,7 @@ def test_hf_gpt2_config(tmp_path):
         "seq_len": 1024,
         "tied_embeddings": True,
         "source": f"Hugging Face config {tmp_path / 'model' / 'config.json'}{_read_with()}; "
-        "seq_len 1024 from max_position_embeddings",
+        f"seq_len 1024 from {'max_position_embeddings' if _read_with() else 'n_positions'}",
     }
 
 

@@ -474,13 +474,15 @@ def _training_seq_len(config: dict[str, Any], get, origin: str) -> tuple[Any, st
         if isinstance(scaling, dict) and _is_number(scaling.get("original_max_position_embeddings")):
             value = scaling["original_max_position_embeddings"]
             return value, f"seq_len {value} from {key}.original_max_position_embeddings (pre-training context)"
-    longest = get("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+    names = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+    longest = get(*names)
+    key = next(k for k in names if config.get(k) is not None)  # the one get() read
     if _is_number(longest) and not (isinstance(longest, int) and 0 < longest <= MAX_COUNT):  # the cap hid it
-        raise _fail(origin, f"max_position_embeddings must be a positive integer; got {longest!r}")
+        raise _fail(origin, f"{key} must be a positive integer; got {longest!r}")
     if _is_number(longest) and longest > HF_TRAINING_SEQ_LEN_CAP:
-        note = f"seq_len {HF_TRAINING_SEQ_LEN_CAP}: the config's {longest} capped at the training default"
+        note = f"seq_len {HF_TRAINING_SEQ_LEN_CAP}: the config's {key} {longest} capped at the training default"
         return HF_TRAINING_SEQ_LEN_CAP, note
-    return longest, f"seq_len {longest} from max_position_embeddings"
+    return longest, f"seq_len {longest} from {key}"
 
 
 # Calculon's model files (calculon-ai/calculon models/*.json at 4f81f029; read by its
