@@ -93,6 +93,7 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
     n_exp = _count(entry, "n_experts")
     top_k = _count(entry, "top_k", 1.0 if n_exp > 0 else 0.0)
     moe_ffn = _count(entry, "moe_ffn_hidden")
+    _refuse_inert(entry, name, n_exp)
     if n_exp == 1:
         n_exp = 0.0  # one expert, top-1: the dense FFN
     if n_exp > 0:
@@ -132,6 +133,25 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
         route_groups=groups,
         route_group_topk=group_topk,
     )
+
+
+# Fields that mean something only beside another: routing and expert fields with experts, the
+# latent-attention ranks and head widths with ``kv_lora_rank`` (DeepSeek's MLA). Given beside none,
+# they would be priced as nothing: refused instead (their "unset" values pass).
+_NEEDS_EXPERTS = ("top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers", "expert_bias")
+_NEEDS_MLA = ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def _refuse_inert(entry, name: str, n_exp: float) -> None:
+    """A one-line error for an expert field in a dense entry or an MLA field without MLA."""
+    given = [k for k in _NEEDS_EXPERTS if entry.get(k) not in (None, 0, False)]
+    given += ["moe_every"] if entry.get("moe_every") not in (None, 1) else []
+    if n_exp == 0 and given:
+        key = given[0]
+        raise ValueError(f"model {name}: {key} = {entry[key]!r} needs n_experts (a dense model has no experts)")
+    mla = [k for k in _NEEDS_MLA if entry.get(k) not in (None, 0)]
+    if _count(entry, "kv_lora_rank") == 0 and mla:
+        raise ValueError(f"model {name}: {mla[0]} = {entry[mla[0]]!r} needs kv_lora_rank (multi-head latent attention)")
 
 
 def _route_groups(entry: Mapping[str, Any], name: str, n_exp: float) -> tuple[float, float]:

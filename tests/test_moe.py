@@ -379,6 +379,11 @@ def test_ep_on_a_dense_model_is_refused():
         (dict(n_experts=8, top_k=2), "needs moe_ffn_hidden"),
         (dict(n_experts=8, top_k=2, moe_ffn_hidden=1024, route_groups=3, route_group_topk=1), "route_groups must"),
         (dict(n_experts=8, top_k=2, moe_ffn_hidden=1024, route_groups=4, route_group_topk=5), "route_groups must"),
+        # Fields a dense entry or one without latent attention would price as nothing (were inert).
+        (dict(top_k=2), "top_k = 2 needs n_experts"),
+        (dict(moe_ffn_hidden=1024), "moe_ffn_hidden = 1024 needs n_experts"),
+        (dict(moe_every=2), "moe_every = 2 needs n_experts"),
+        (dict(q_lora_rank=512), "q_lora_rank = 512 needs kv_lora_rank"),
     ],
 )
 def test_an_moe_model_without_expert_sizes_or_with_top_k_above_its_experts_is_refused(tmp_path, fields, needle):
