@@ -525,7 +525,8 @@ def _plain(v: Any) -> Any:
 def _number(f: PlanField, value: Any) -> float:
     integer = f.kind == "int"
     try:
-        v = math.nan if isinstance(value, bool) and f.kind != "bool" else float(value)  # true is no number
+        # true is no number, nor is text ("2048": a file that writes it so is refused as for every other field)
+        v = math.nan if isinstance(value, bool | str) and f.kind != "bool" else float(value)
     except (TypeError, ValueError):
         v = math.nan
     ok = math.isfinite(v) and v >= f.lo and v <= f.hi and (v > 0 or f.lo <= 0) and (not integer or v == int(v))

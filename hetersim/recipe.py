@@ -53,6 +53,7 @@ Formats, with where their keys are defined:
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -154,11 +155,44 @@ def _fail(origin: str, key: str, message: str) -> ValueError:
 # --------------------------------------------------------------------------------------------
 
 
+def _strict_loader():
+    """PyYAML's safe loader, refusing what YAML 1.1 reads otherwise than a reader expects: a key
+    given twice in one mapping (the last was taken) and integers written in base 8 (``010`` read as
+    8) or base 60 (``1:00`` read as 60); YAML 1.2 reads these as the decimal 10 and text."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise yaml.constructor.ConstructorError(None, None, f"{key!r} given twice (line {line})")
+                seen[key] = 1
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml_int(self, node):
+            text = str(node.value).replace("_", "")
+            if ":" in text or re.fullmatch(r"[-+]?0[0-7]+", text):
+                base = "base 60" if ":" in text else "base 8"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{node.value!r} is a YAML 1.1 {base} number; write it in decimal", node.start_mark
+                )
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.add_constructor("tag:yaml.org,2002:map", Loader.construct_yaml_map)
+    return Loader
+
+
 def _load_yaml(text: str, origin: str) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.constructor.ConstructorError as error:
+        raise ValueError(f"{origin}: {error.problem}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -253,10 +287,12 @@ def _nemo_hardware(data: dict[str, Any], m: dict[str, Any], plan: dict[str, Any]
         if name not in NEMO_PRECISION:
             raise _fail(origin, "trainer.precision", f"must be one of {', '.join(NEMO_PRECISION)}; got {precision!r}")
         plan["precision"] = NEMO_PRECISION[name]
-    if m.get("fp8") is True:
+    if m.get("fp8") is not None and _value(origin, "model.fp8", m["fp8"], "bool"):
         plan["precision"] = "fp8"
-    optim = m.get("optim") or {}
-    if isinstance(optim, dict) and optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
+    optim = {} if m.get("optim") is None else m["optim"]
+    if not isinstance(optim, dict):
+        raise _fail(origin, "model.optim", f"must be a section of keys (name: ...); got {optim!r}")
+    if optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
         plan["zero"] = 1  # the distributed optimizer: optimizer states sharded over DP (ZeRO-1)
 
 
@@ -314,13 +350,21 @@ def _from_bridge(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]
     m = sections["model"]
     found = ((f"{sec}.{key}", sections[sec].get(key), field) for (sec, key), field in BRIDGE_PLAN_KEYS.items())
     plan = _plan_values(origin, found)
-    if "seq_len" not in plan and sections["dataset"].get("seq_length") is not None:
-        plan["seq_len"] = _value(origin, "dataset.seq_length", sections["dataset"]["seq_length"], "int")
+    if sections["dataset"].get("seq_length") is not None:
+        seq = _value(origin, "dataset.seq_length", sections["dataset"]["seq_length"], "int")
+        if plan.setdefault("seq_len", seq) != seq:
+            raise _fail(origin, "dataset.seq_length", f"{seq} and model.seq_length {plan['seq_len']} contradict")
     keys = ("model.recompute_granularity", "model.recompute_method")
     _check_recompute(origin, plan.get("recompute"), m.get("recompute_method"), keys)
-    for section in ("optimizer", "ddp"):
-        if sections[section].get("use_distributed_optimizer") is True:
-            plan["zero"] = 1
+    distributed = {
+        f"{sec}.use_distributed_optimizer": _value(origin, f"{sec}.use_distributed_optimizer", value, "bool")
+        for sec in ("optimizer", "ddp")
+        if (value := sections[sec].get("use_distributed_optimizer")) is not None
+    }
+    if len(set(distributed.values())) > 1:
+        raise _fail(origin, " and ".join(distributed), "contradict (one true, one false)")
+    if any(distributed.values()):
+        plan["zero"] = 1
     instances = sections["ddp"].get("num_distributed_optimizer_instances")
     if instances not in (None, 1):
         raise _fail(
@@ -346,14 +390,30 @@ def _bridge_precision(data: dict[str, Any], m: dict[str, Any], origin: str) -> d
         )
     if name is not None and not isinstance(name, dict):
         raise _fail(origin, "mixed_precision", f"must be a recipe name or a section; got {name!r}")
-    if m.get("fp4"):
+    if _format_switch(m, "fp4", origin):
         return {"precision": "nvfp4"}
-    if m.get("fp8"):
+    if _format_switch(m, "fp8", origin):
         return {"precision": "mxfp8" if m.get("fp8_recipe") == "mxfp8" else "fp8"}
     for key in ("bf16", "fp16"):
-        if m.get(key) is True:
+        if m.get(key) is not None and _value(origin, f"model.{key}", m[key], "bool"):
             return {"precision": key}
     return {}
+
+
+def _format_switch(m: dict[str, Any], key: str, origin: str) -> bool:
+    """Whether TransformerConfig's ``fp8`` / ``fp4`` is on: a format name (fp8: ``e4m3``, ``hybrid``)
+    or true; null or false is off. Text that reads as a yes or no is refused, never taken as on."""
+    value = m.get(key)
+    if value is None or value is False:
+        return False
+    if value is True or (isinstance(value, str) and value.strip().lower() not in _YES_NO):
+        return True
+    raise _fail(
+        origin, f"model.{key}", f"must be a format name (fp8: e4m3 or hybrid), true, false or null; got {value!r}"
+    )
+
+
+_YES_NO = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1", "none", "null", ""})
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,10 +428,49 @@ _MODEL_FLAGS = {flag: dim for dim, flag in MEGATRON_MODEL_FLAGS.items()}
 _LIST_FLAGS = frozenset({"--recompute-modules"})
 
 
-def _arguments(text: str) -> dict[str, str | None]:
-    """``--flag value`` / ``--flag=value`` / value-less ``--flag`` pairs of an argument list."""
-    lines = [line.split("#", 1)[0] for line in text.replace("\\\n", " ").splitlines()]
-    tokens = shlex.split(" ".join(lines))
+# Megatron's value-less switches this reader looks at (``action='store_true'`` in
+# megatron/training/arguments.py): argparse refuses a value after one, so a file that gives one is
+# refused rather than read as the switch given (``--sequence-parallel false`` turned it on).
+_VALUELESS = frozenset(
+    {*_SWITCH_FLAGS, *(a for a, f in _PLAN_FLAGS.items() if f.kind == "bool")}
+    | {"--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention", "--bf16", "--fp16"}
+    | {"--multi-latent-attention", "--overlap-moe-expert-parallel-comm", "--moe-pad-expert-input-to-capacity"}
+)
+
+
+def _words(text: str, origin: str) -> list[str]:
+    """The shell words of an argument list, as bash splits them: backslash continuations joined, a
+    ``#`` that begins a word outside quotes comments out the rest of its line (``a#b`` is one word)."""
+    words: list[str] = []
+    for number, line in enumerate(text.removeprefix("\ufeff").replace("\\\n", " ").splitlines(), 1):
+        try:
+            words += shlex.split(_uncommented(line))
+        except ValueError as error:  # shlex: an unclosed quote
+            raise ValueError(f"{origin}: line {number}: {error} (quotes do not span lines here)") from None
+    return words
+
+
+def _uncommented(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes."""
+    quote, escaped = "", False
+    for at, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (at == 0 or line[at - 1].isspace()):
+            return line[:at]
+    return line
+
+
+def _arguments(text: str, origin: str = "recipe") -> dict[str, str | None]:
+    """``--flag value`` / ``--flag=value`` / value-less ``--flag`` pairs of an argument list; a flag
+    given twice with two values (argparse takes the last) and a value after a switch are refused."""
+    tokens = _words(text, origin)
     args: dict[str, str | None] = {}
     i = 0
     while i < len(tokens):
@@ -380,22 +479,30 @@ def _arguments(text: str) -> dict[str, str | None]:
         if not token.startswith("--"):
             continue
         flag, eq, value = token.partition("=")
-        if not eq and i < len(tokens) and not tokens[i].startswith("--"):
+        name = flag.replace("_", "-")
+        if not eq and name not in _VALUELESS and i < len(tokens) and not tokens[i].startswith("--"):
             value, i = tokens[i], i + 1
-            while flag.replace("_", "-") in _LIST_FLAGS and i < len(tokens) and not tokens[i].startswith("--"):
+            while name in _LIST_FLAGS and i < len(tokens) and not tokens[i].startswith("--"):
                 value, i = f"{value} {tokens[i]}", i + 1
-        args[flag.replace("_", "-")] = value if (eq or value) else None
+        elif not eq and name in _VALUELESS and i < len(tokens) and not tokens[i].startswith("--"):
+            eq, value = "=", tokens[i]  # argparse: "unrecognized arguments"
+        if name in _VALUELESS and eq:
+            raise _fail(origin, flag, f"is a switch and takes no value; got {value!r}")
+        given = value if (eq or value) else None
+        if name in args and args[name] != given:
+            raise _fail(origin, flag, f"given twice, {args[name]!r} and {given!r}; give it once")
+        args[name] = given
     return args
 
 
 def _int_arg(origin: str, flag: str, value: str | None) -> int:
-    if value is None or not value.isdigit() or int(value) <= 0:
+    if value is None or not (value.isascii() and value.isdigit()) or int(value) <= 0:
         raise _fail(origin, flag, f"must be a positive integer; got {value!r}")
     return int(value)
 
 
 def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
-    args = _arguments(text)
+    args = _arguments(text, origin)
     if not args:
         raise ValueError(f"{origin}: no --flag arguments found; give a Megatron argument list or a NeMo recipe .yaml")
     plan: dict[str, Any] = {}

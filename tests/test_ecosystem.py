@@ -154,7 +154,8 @@ def test_export_csv_and_parquet(sweep_file, optimize_run, tmp_path):
     res = runner.invoke(app, ["export", str(sweep_file)])
     assert res.exit_code == 2 and "--csv" in res.output
     # Both targets are checked before either is written: nothing half-written.
-    fresh, nowhere = tmp_path / "fresh.csv", tmp_path / "missing" / "t.parquet"
+    fresh, nowhere = tmp_path / "fresh.csv", tmp_path / "a-folder"  # a folder: no file can be written there
+    nowhere.mkdir()
     res = runner.invoke(app, ["export", str(sweep_file), "--csv", str(fresh), "--parquet", str(nowhere)])
     assert res.exit_code == 2 and "--parquet" in res.output and not fresh.exists()
     res = runner.invoke(app, ["export", str(sweep_file), "--csv", str(fresh), "--parquet", str(fresh)])

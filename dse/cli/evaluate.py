@@ -152,8 +152,9 @@ def sensitivity(**options: Any) -> None:
     from .optimize import sensitivity_report
 
     metric, top, as_json = options.pop("metric"), options.pop("top"), options.pop("as_json")
-    if options.get("cluster"):
-        raise ValueError("--cluster: sensitivity works on one device kind; give --gpu")
+    for key, flag in (("cluster", "--cluster"), ("plan_file", "--plan")):  # a plan file names kinds per replica
+        if options.get(key):
+            raise ValueError(f"{flag}: sensitivity works on one device kind; give --gpu")
     sensitivity_report(configuration(**apply_recipe(options)), metric=metric, top=top, json_out=as_json)
 
 

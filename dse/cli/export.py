@@ -34,9 +34,7 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
             found = "" if isinstance(error, ModuleNotFoundError) else f" (installed, but: {error})"
             raise ValueError(f"--parquet needs pyarrow: pip install 'hetersim[parquet]'{found}") from None
     for target, flag in ((csv, "--csv"), (parquet, "--parquet")):  # both, before anything is written
-        if target is not None:
-            if not target.parent.is_dir():
-                raise ValueError(f"{flag} {target}: folder {target.parent} does not exist")
+        if target is not None:  # a missing folder is made, as for every command's output
             atomic.check_target(target, flag)
     frame = to_frame(path)
     written = []

@@ -95,6 +95,19 @@ def check_model(
     return entry["name"], entry
 
 
+def given(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was given on the command line (not its
+    default)."""
+    try:  # typer >= 0.2x vendors click (as in .app)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - a typer that uses the click package
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
     """Fill ``options`` from ``--recipe FILE`` (:func:`hetersim.recipe.read_recipe`): each value the
     file gives, unless the same option was given on the command line (the command line wins). The
@@ -103,20 +116,9 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
     path = options.pop("recipe", None)
     if path is None:
         return options
-    try:  # typer >= 0.2x vendors click (as in .app)
-        from typer._click.globals import get_current_context
-    except ImportError:  # pragma: no cover - a typer that uses the click package
-        from click import get_current_context
-
     from hetersim.recipe import read_recipe
 
     recipe = read_recipe(path)
-    ctx = get_current_context(silent=True)
-
-    def given(name: str) -> bool:
-        source = ctx.get_parameter_source(name) if ctx is not None else None
-        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
     plan = {("gpus" if k == "n_gpus" else k): v for k, v in recipe["plan"].items()}
     if isinstance(plan.get("offload"), dict):  # --offload's STATE:TIER form
         plan["offload"] = [f"{state}:{tier}" for state, tier in plan["offload"].items()]

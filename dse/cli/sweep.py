@@ -21,6 +21,7 @@ from hetersim.units import DAY
 
 from . import interrupt
 from .app import Interrupted, app, positive, show_progress, user_errors
+from .options import given
 
 MAX_CHUNK = 1 << 22  # configurations per compiled batch: ~4M rows already need GiBs of device memory
 MAX_CONFIGS = 2**31 - 1  # bench: configurations to evaluate (indexed by int32, as in a sweep)
@@ -307,6 +308,8 @@ def bench_cmd(
     sizes = parse_chunks(chunks) if chunks is not None else None
     if sizes and split:
         raise ValueError("--split times one chunk size: give --chunk N with it, not --chunks")
+    if sizes and given("chunk"):
+        raise ValueError("--chunk and --chunks: --chunks times each of its sizes; give one of them")
     if one_at_a_time < 0:
         raise ValueError(f"--one-at-a-time must be >= 0; got {one_at_a_time}")
     names = parse_models(models) if models is not None else None

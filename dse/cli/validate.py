@@ -102,7 +102,7 @@ def calibrate_cmd(
 ) -> None:
     """Fit the global calibration constants to the published runs; print MAPE before and after."""
     from hetersim.fit import calibration
-    from hetersim.fit.runs import check_rows, read_runs
+    from hetersim.fit.runs import check_rows, read_runs, source_label
 
     positive("--steps", steps, hi=MAX_STEPS)
     if out is not None and dry_run:
@@ -113,7 +113,12 @@ def calibrate_cmd(
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
     catalog = load_catalog(catalog_files)
     if runs is not None:  # a file with a mistake is refused before the work is announced
-        check_rows(read_runs(runs), catalog, str(runs))
+        rows = read_runs(runs)
+        check_rows(rows, catalog, str(runs))
+        sources = len({source_label(r.source) for r in rows})
+        if (intervals or cross_validate) and sources < 2:
+            flag = "--intervals" if intervals else "--cross-validate"
+            raise ValueError(f"{flag}: leaving one source out needs runs of two sources or more; {runs} has {sources}")
     if intervals:
         return _intervals(runs, catalog, steps, out, dry_run, as_json)
     status(f"calibrating: {steps} gradient steps" + (", leaving one source out at a time" if cross_validate else ""))

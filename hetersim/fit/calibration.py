@@ -173,6 +173,7 @@ def write_atomic(path: Path, text: str) -> None:
     the new one, never half of one, and a failed write leaves nothing behind."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as dse.atomic does
         tmp.write_text(text)
         tmp.replace(path)
     except BaseException:

@@ -195,7 +195,7 @@ def _interval(rows: Sequence[Row], catalog, pred: np.ndarray, model):
 def _layout(f: Mapping[str, str]) -> str:
     names = ("tp", "pp", "vp", "dp", "cp", "ep", "etp", "zero", "shard_group", "micro_batch", "global_batch")
     names = tuple(k for k in names if k in f)  # ep, etp: mixture-of-experts runs only; shard_group where given
-    values = {k: int(f[k]) if f[k] else planfields.DEFAULTS[k] for k in names}
+    values = {k: int(float(f[k])) if f[k] else planfields.DEFAULTS[k] for k in names}  # whole: check_rows
     omit = ("vp", "cp", "ep", "etp", "zero", "shard_group")
     return planfields.layout_label(values, names, sep="-", omit_defaults=omit)
 

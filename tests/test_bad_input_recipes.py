@@ -1,0 +1,164 @@
+"""Bad input found by the fifth fuzz (recipes, calibration, bench, plan files; 302 cases): each
+case one line ``error: ...`` naming its file, key or flag, exit 2, no traceback, nothing written —
+checked as :mod:`tests.test_bad_input` checks its cases — and the inputs that were misread, now
+read as they say."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+from hetersim.recipe import _arguments, read_recipe
+from tests.test_bad_input import assert_one_line_error, listing
+
+ROOT = Path(__file__).resolve().parents[1]
+# A Megatron argument list (the fuzz's base case) and a Megatron-Bridge ConfigContainer.
+MEG = (
+    "--vocab-size 32000 --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 "
+    "--seq-length 1024 --micro-batch-size 1 --global-batch-size 8"
+)
+BRIDGE = (
+    "train: {micro_batch_size: 1, global_batch_size: 8}\n"
+    "model: {num_layers: 4, hidden_size: 1024, num_attention_heads: 16, ffn_hidden_size: 4096, "
+    "seq_length: 1024, vocab_size: 32000%s}\n"
+)
+NEMO = (
+    "trainer: {num_nodes: 1, devices: 8, precision: bf16-mixed}\nmodel:\n  num_layers: %s\n  hidden_size: 1024\n"
+    "  num_attention_heads: 16\n  ffn_hidden_size: 4096\n  encoder_seq_length: 1024\n  micro_batch_size: 1\n"
+    "  global_batch_size: 8\n  vocab_size: 32000\n%s"
+)
+PLAN = """global_batch = 64
+%s
+[[stage]]
+layers = 8
+replicas = [{ gpu = "a100-sxm-80gb", tp = 4, count = 2 }]
+[[stage]]
+layers = 24
+replicas = [{ gpu = "h100-sxm-80gb", tp = 2, count = 4 }]
+"""
+EV = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--recipe"]
+
+
+def _files(tmp: Path) -> None:
+    for name, text in {
+        "twice.sh": f"{MEG} --tensor-model-parallel-size 2 --tensor_model_parallel_size 4",
+        "switch_value.sh": f"{MEG} --tensor-model-parallel-size 2 --sequence-parallel false",
+        "switch_eq.sh": f"{MEG} --swiglu=false",
+        "superscript.sh": MEG.replace("--num-layers 4", "--num-layers \u00b2"),
+        "open_quote.sh": f"{MEG} --data-path 'a#b",
+        "dup.yaml": NEMO % ("4", "  num_layers: 8\n"),
+        "octal.yaml": NEMO % ("010", ""),
+        "sexagesimal.yaml": NEMO % ("1:00", ""),
+        "optim_text.yaml": NEMO % ("4", "  optim: distributed_fused_adam\n"),
+        "fp8_text.yaml": BRIDGE % ", fp8: 'false'",
+        "fp16_text.yaml": BRIDGE % ", fp16: 'true'",
+        "dist_text.yaml": (BRIDGE % "") + "optimizer: {use_distributed_optimizer: 'true'}\n",
+        "dist_both.yaml": (BRIDGE % "")
+        + "optimizer: {use_distributed_optimizer: true}\nddp: {use_distributed_optimizer: false}\n",
+        "seq_both.yaml": (BRIDGE % "") + "dataset: {seq_length: 2048}\n",
+        "plan.toml": PLAN % "",
+        "plan_seq_text.toml": PLAN % 'seq_len = "2048"',
+    }.items():
+        (tmp / name).write_text(text)
+    runs = (ROOT / "hetersim" / "data" / "published_runs.csv").read_text().splitlines()
+    (tmp / "one_source.csv").write_text("\n".join(runs[:2]) + "\n")
+
+
+@pytest.fixture
+def tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything written to the current folder shows in the listing
+    _files(tmp_path)
+    return tmp_path
+
+
+CASES = [
+    # tracebacks
+    (
+        "sensitivity-plan",
+        ["sensitivity", "--model", "llama2-7b", "--plan", "{tmp}/plan.toml"],
+        ["--plan", "one device kind"],
+    ),
+    (
+        "calibrate-intervals-one-source",
+        ["calibrate", "--runs", "{tmp}/one_source.csv", "--steps", "2", "--dry-run", "--intervals"],
+        ["--intervals", "two sources", "one_source.csv has 1"],
+    ),
+    (
+        "calibrate-cross-validate-one-source",
+        ["calibrate", "--runs", "{tmp}/one_source.csv", "--steps", "2", "--cross-validate"],
+        ["--cross-validate", "two sources"],
+    ),
+    # a Megatron argument list: the last of a flag given twice was taken, a switch's value ignored
+    ("megatron-flag-twice", [*EV, "{tmp}/twice.sh"], ["twice.sh", "--tensor_model_parallel_size", "given twice"]),
+    ("megatron-switch-value", [*EV, "{tmp}/switch_value.sh"], ["--sequence-parallel", "takes no value", "'false'"]),
+    ("megatron-switch-eq", [*EV, "{tmp}/switch_eq.sh"], ["switch_eq.sh", "--swiglu", "takes no value"]),
+    ("megatron-superscript", [*EV, "{tmp}/superscript.sh"], ["superscript.sh", "--num-layers", "positive integer"]),
+    ("megatron-open-quote", [*EV, "{tmp}/open_quote.sh"], ["open_quote.sh", "line 1", "No closing quotation"]),
+    # YAML: a key twice (the last was taken), YAML 1.1's base-8 and base-60 integers (8 and 60 layers)
+    ("yaml-key-twice", [*EV, "{tmp}/dup.yaml"], ["dup.yaml", "'num_layers' given twice"]),
+    ("yaml-octal", [*EV, "{tmp}/octal.yaml"], ["octal.yaml", "'010'", "base 8"]),
+    ("yaml-sexagesimal", [*EV, "{tmp}/sexagesimal.yaml"], ["sexagesimal.yaml", "'1:00'", "base 60"]),
+    # switches read for truth, not checked (fp8: 'false' ran FP8, use_distributed_optimizer: 'true' none)
+    ("nemo-optim-text", [*EV, "{tmp}/optim_text.yaml"], ["optim_text.yaml", "model.optim", "section"]),
+    ("bridge-fp8-text", [*EV, "{tmp}/fp8_text.yaml"], ["fp8_text.yaml", "model.fp8", "'false'"]),
+    ("bridge-fp16-text", [*EV, "{tmp}/fp16_text.yaml"], ["model.fp16", "true or false", "'true'"]),
+    ("bridge-dist-text", [*EV, "{tmp}/dist_text.yaml"], ["optimizer.use_distributed_optimizer", "true or false"]),
+    (
+        "bridge-dist-contradict",
+        [*EV, "{tmp}/dist_both.yaml"],
+        ["optimizer.use_distributed_optimizer and ddp.use_distributed_optimizer", "contradict"],
+    ),
+    ("bridge-seq-contradict", [*EV, "{tmp}/seq_both.yaml"], ["dataset.seq_length", "2048", "model.seq_length 1024"]),
+    # an inert flag, and a number written as text in a plan file
+    (
+        "bench-chunk-and-chunks",
+        ["bench", "--configs", "1000", "--chunk", "1024", "--chunks", "2048", "--one-at-a-time", "0"],
+        ["--chunk and --chunks"],
+    ),
+    (
+        "plan-seq-text",
+        ["evaluate", "--model", "llama2-7b", "--plan", "{tmp}/plan_seq_text.toml"],
+        ["plan_seq_text.toml", "seq_len must be", "'2048'"],
+    ),
+]
+
+
+@pytest.mark.parametrize("args, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(tmp, args, fragments):
+    before = listing(tmp)
+    result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp)) for a in args])
+    assert listing(tmp) == before, "the failed command left files behind"
+    assert_one_line_error(result.exit_code, result.stderr, fragments)
+
+
+def test_an_argument_list_is_split_as_bash_splits_it(tmp):
+    """A ``#`` inside a word or quotes is no comment (``'a#b'`` was cut to ``'a``); a byte-order
+    mark does not hide the first flag (it read as tp 1); a flag given twice with one value is fine."""
+    args = _arguments("--data-path 'a#b' --x c#d # a comment\n--tp 2 --tp 2 \\\n --pp 4")
+    assert args == {"--data-path": "a#b", "--x": "c#d", "--tp": "2", "--pp": "4"}
+    (tmp / "bom.sh").write_text("\ufeff--tensor-model-parallel-size 4 " + MEG, encoding="utf-8")
+    assert read_recipe(tmp / "bom.sh")["plan"]["tp"] == 4
+
+
+def test_a_whole_number_written_as_a_decimal_reads_and_calibrate_makes_its_folder(tmp):
+    """A runs row's tp written ``1.0`` (accepted by the reader) crashed the report's layout label;
+    ``calibrate --out`` into a missing folder failed after the fit with a raw errno: the folder is
+    made, as every other command's output folder is."""
+    rows = list(csv.reader((tmp / "one_source.csv").open()))
+    rows[1][rows[0].index("tp")] = "1.0"
+    with (tmp / "tp.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    result = CliRunner().invoke(app, ["validate", "--runs", str(tmp / "tp.csv"), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"][0]["layout"].startswith("tp1-")
+    out = tmp / "new" / "c.toml"
+    result = CliRunner().invoke(
+        app, ["calibrate", "--runs", str(tmp / "one_source.csv"), "--steps", "2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file() and "gemm_shape_eff" in out.read_text()
