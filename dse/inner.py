@@ -217,8 +217,8 @@ class InnerSolver:
                 continue
             values = np.array([p[outer.name] for p in points], np.float64)
             coef = self.space.price.get(outer.name)
-            if coef:
-                price += coef * (values - np.asarray(hw_params.get(systems, outer.param), np.float64))
+            if coef:  # per unit above the catalog's value: a value below it earns no credit
+                price += coef * np.maximum(values - np.asarray(hw_params.get(systems, outer.param), np.float64), 0.0)
             overrides[outer.param] = values.astype(np.float32)
         if self.space.price:
             overrides[price_param] = price.astype(np.float32)

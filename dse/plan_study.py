@@ -29,6 +29,12 @@ def read_plan_study(path: Path) -> dict[str, Any]:
     for key in ("name", "model", "clusters", "plan"):
         if key not in data:
             raise ValueError(f"{path}: {key} is required")
+    for key in ("name", "description", "model"):
+        if key in data and not isinstance(data[key], str):
+            raise ValueError(f"{path}: {key} must be a string; got {data[key]!r}")
+    catalogs = data.get("catalog", [])
+    if not isinstance(catalogs, list) or not all(isinstance(c, str) for c in catalogs):
+        raise ValueError(f"{path}: catalog must be a list of catalog file paths; got {catalogs!r}")
     if (
         not isinstance(data["clusters"], list)
         or not data["clusters"]
@@ -43,9 +49,14 @@ def read_plan_study(path: Path) -> dict[str, Any]:
     plan = data["plan"]
     if not isinstance(plan, dict):
         raise ValueError(f"{path}: [plan] must be a table")
-    for k in plan:
+    for k, value in plan.items():
         if k not in planfields.BY_NAME or k in hplan.STRUCTURAL + ("vp", "ep", "etp"):
             raise ValueError(f"{path}: plan.{k} is not a field a plan search takes (the search sets the layout)")
+        if not (value == planfields.AUTO and planfields.BY_NAME[k].default == planfields.AUTO):
+            try:
+                planfields.leaf_value(planfields.BY_NAME[k], value)
+            except ValueError as e:
+                raise ValueError(f"{path}: plan.{e}") from None
     if "global_batch" not in plan:
         raise ValueError(f"{path}: plan.global_batch is required")
     top = data.get("top", 5)
@@ -65,14 +76,21 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
     opts = dict(study["plan"])
     seq = int(opts.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     atomic.check_folder(out_dir, "--out")
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    results = []
+    mixes = {}
+    for cluster in study["clusters"]:  # every kind known before any search or file
+        try:
+            mixes[cluster] = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
+        except ValueError as e:
+            raise ValueError(f"{path}: clusters: {cluster}: {e}") from None
+    results, files = [], {}
     for cluster in study["clusters"]:
         counts = hplan.parse_cluster_counts(cluster)
-        mix = hsearch.mix_of(catalog, counts)
-        rows, ranked, _, n = hsearch.search(
-            entry, mix, catalog, api.default_calibration(), opts, seq, top=study.get("top", 5)
-        )
+        try:
+            rows, ranked, _, n = hsearch.search(
+                entry, mixes[cluster], catalog, api.default_calibration(), opts, seq, top=study.get("top", 5)
+            )
+        except ValueError as e:
+            raise ValueError(f"{path}: {cluster}: {e}") from None
         best, fixed = api.with_chosen_layers(catalog, entry, ranked[0], cluster)
         b = best.breakdown
         price = sum(n_k * float(catalog.gpu(k)["price_usd_per_hour"]) for k, n_k in counts.items())
@@ -94,7 +112,9 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
             )
         )
         header = f"{study['name']}: best plan of {cluster} ({n} candidates); hetersim plan --study {Path(path).name}"
-        atomic.write_text(Path(out_dir) / results[-1]["plan_file"], hplan.to_toml(fixed, header))
+        files[results[-1]["plan_file"]] = hplan.to_toml(fixed, header)
+    for name, text in files.items():  # written once every cluster is searched: nothing half-written
+        atomic.write_text(Path(out_dir) / name, text)
     atomic.write_text(
         Path(out_dir) / "ranking.json",
         json.dumps({"study": study["name"], "model": label, "results": results}, indent=1),

@@ -35,6 +35,8 @@ PLAN_DEFAULTS: dict[str, Any] = {k: planfields.DEFAULTS[k] for k in PLAN_AXES if
 PLAN_SCALARS = planfields.SCALARS
 # Study-wide fields that do nothing at a point without pipeline stages, ZeRO-3, experts or MLA.
 INERT_SCALARS = ("cpu_optimizer", "pp_layout", "zero3_prefetch", "reuse_Mparams", "mla_up_proj", "fused_experts")
+INERT_SCALARS += ("moe_imbalance", "fp8_attention")
+AT_EVERY = ("pp", "zero", "precision")  # the axes an inert study-wide field is checked at
 
 
 def fixed_plan(scalars: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,7 +65,7 @@ TOP_KEYS = ("name", "description", "catalog", "model", "hardware", "plan", "cons
 MODEL_KEYS = ("key",)
 HARDWARE_KEYS = ("gpu", "n_gpus", "set", "cluster", "hetero")
 PLAN_KEYS = (*PLAN_AXES, *PLAN_SCALARS)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")  # 200 at most: file names end at 255 bytes
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ def _name(origin: str, doc: Mapping[str, Any]) -> tuple[str, str]:
     if name is None:
         raise _err(origin, "name", "missing; give the study a name (letters, digits, '.', '_', '-')")
     if not isinstance(name, str) or not NAME_RE.match(name):
-        rule = "must be letters, digits, '.', '_' or '-' (it names the results file)"
+        rule = "must be at most 200 letters, digits, '.', '_' or '-' (it names the results file)"
         raise _err(origin, "name", f"{rule}; got {name!r}")
     description = doc.get("description", "")
     if not isinstance(description, str):
@@ -277,7 +279,7 @@ def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple
         groups = []
         for part in mix.split(","):
             kind, sep, count = part.strip().partition(":")
-            if not sep or not count.strip().isdigit() or int(count) <= 0:
+            if not sep or not (count.strip().isascii() and count.strip().isdigit()) or int(count) <= 0:
                 raise _err(origin, "hardware.cluster", f"{part.strip()!r} must be KIND:COUNT with a positive count")
             groups.append((kind.strip(), int(count)))
         if len(groups) > MAX_GROUPS:
@@ -487,19 +489,17 @@ def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
 
 
 def _check_experts(origin: str, axes: Mapping[str, tuple[Any, ...]], models: Mapping) -> None:
-    """Expert parallelism asked of a study none of whose models has experts (with a mixture of
-    experts among them, the dense models' ``ep > 1`` points are infeasible data instead)."""
-    if any(int(m.get("n_experts", 0) or 0) > 1 for m in models.values()):
-        return
-    for key in ("ep", "etp"):
-        wide = [v for v in axes[key] if v > 1]
-        if wide:
-            names = ", ".join(models)
-            raise _err(
-                origin,
-                f"plan.{key}",
-                f"{wide[0]} needs a mixture-of-experts model; the study's models ({names}) have no experts (use 1)",
-            )
+    """Axes no point can use: expert options without MoE models (else data), shard_group at ZeRO 0."""
+    experts, default = any(int(m.get("n_experts", 0) or 0) > 1 for m in models.values()), PLAN_DEFAULTS["dispatcher"]
+    moe = f"needs a mixture-of-experts model; the study's models ({', '.join(models)}) have no experts"
+    wide = [] if experts else [(k, v, "1", moe) for k in ("ep", "etp") for v in axes[k] if v > 1]
+    wide += [] if experts or not any(axes["ep_overlap"]) else [("ep_overlap", True, "false", moe)]
+    wide += [] if experts else [("dispatcher", v, default, moe) for v in axes["dispatcher"] if v != default]
+    zero0 = "shards the ZeRO / FSDP states; every point has plan.zero 0"
+    wide += [] if any(axes["zero"]) else [("shard_group", v, "0", zero0) for v in axes["shard_group"] if v]
+    if wide:
+        key, value, use, why = wide[0]
+        raise _err(origin, f"plan.{key}", f"{value} {why} (use {use})")
 
 
 def _check_inert(origin: str, axes: Mapping[str, tuple[Any, ...]], scalars: dict[str, Any], models: Mapping) -> dict:
@@ -514,15 +514,15 @@ def _check_inert(origin: str, axes: Mapping[str, tuple[Any, ...]], scalars: dict
     for name in [n for n in INERT_SCALARS if n in scalars]:
         alone = {name: scalars[name], "offload": offload if name == "cpu_optimizer" else {}}
         error: FieldError | None = None
-        for model, pp, zero in itertools.product(models.values(), axes["pp"], axes["zero"]):
+        for model, pp, zero, precision in itertools.product(models.values(), *(axes[k] for k in AT_EVERY)):
             try:
-                check_inert(model, alone, {**alone, "pp": pp, "zero": zero})
+                check_inert(model, alone, {**alone, "pp": pp, "zero": zero, "precision": precision})
                 break
             except FieldError as e:
                 error = e
         else:
             if error is not None:
-                where = f"at every point of the study: plan.pp {list(axes['pp'])}, plan.zero {list(axes['zero'])}"
+                where = "at every point of the study: " + ", ".join(f"plan.{k} {list(axes[k])}" for k in AT_EVERY)
                 raise _err(origin, f"plan.{name}", f"{error.named({f: f'plan.{f}' for f in error.fields})} ({where})")
     return scalars
 

@@ -470,15 +470,6 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "shard_group",
             "cp",
         )
-    precision = str(resolved.get("precision") or "bf16")
-    low = [p.label for p in LOW_PRECISION]
-    if resolved.get("fp8_attention") and precision not in low:
-        raise FieldError(
-            f"{{0}} needs {{1}} {', '.join(low[:-1])} or {low[-1]}, got {precision} (Transformer Engine runs "
-            "attention in FP8 only inside its FP8 recipe: Megatron-Core's fp8_dot_product_attention)",
-            "fp8_attention",
-            "precision",
-        )
     check_experts(model, resolved)
 
 
@@ -502,12 +493,22 @@ def check_inert(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Ma
             raise FieldError(f"{{0}} applies to ZeRO-3's weight gathers; {{1}} is {zero}", name, "zero")
     if zero == 0 and int(resolved.get("shard_group") or 0):
         raise FieldError("{0} shards the ZeRO / FSDP states over groups; {1} 0 shards nothing", "shard_group", "zero")
+    precision = str(resolved.get("precision") or "bf16")
+    low = [p.label for p in LOW_PRECISION]
+    if resolved.get("fp8_attention") and precision not in low:
+        raise FieldError(
+            f"{{0}} needs {{1}} {', '.join(low[:-1])} or {low[-1]}, got {precision} (Transformer Engine runs "
+            "attention in FP8 only inside its FP8 recipe: Megatron-Core's fp8_dot_product_attention)",
+            "fp8_attention",
+            "precision",
+        )
     if not int(model.get("kv_lora_rank", 0) or 0) and resolved.get("mla_up_proj"):
         raise FieldError("{0} recomputes MLA's up projections; the model has no multi-head latent attention",
                          "mla_up_proj")  # fmt: skip
     experts = int(model.get("n_experts", 0) or 0) > 1
     moe = {"ep_overlap": bool(resolved.get("ep_overlap")), "fused_experts": bool(resolved.get("fused_experts")),
            "dispatcher": (resolved.get("dispatcher") or DEFAULTS["dispatcher"]) != DEFAULTS["dispatcher"]}  # fmt: skip
+    moe["moe_imbalance"] = float(resolved.get("moe_imbalance") or 1.0) != 1.0
     for name in [k for k, on in moe.items() if on and not experts]:
         raise FieldError("{0} applies to the routed experts; the model has none", name)
     if moe["ep_overlap"] and int(resolved.get("ep") or 1) == 1:

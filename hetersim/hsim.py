@@ -517,4 +517,5 @@ def common_plan(hplan, seq_len: int) -> Plan:
     if opts.get("dualpipe"):
         raise ValueError("dualpipe: a heterogeneous plan's stages run 1F1B (DualPipe is priced for one device kind)")
     opts.setdefault("seq_len", seq_len)
-    return build.plan_spec(n_gpus=1, tp=1, pp=1, cp=opts.pop("cp", 1), **{k: v for k, v in opts.items()})
+    cp = opts.pop("cp", 1)  # the placeholder group is one replica's context-parallel ranks
+    return build.plan_spec(n_gpus=cp, tp=1, pp=1, cp=cp, **{k: v for k, v in opts.items()})

@@ -1,7 +1,7 @@
-"""Bad input found by the fifth fuzz (recipes, calibration, bench, plan files; 302 cases): each
-case one line ``error: ...`` naming its file, key or flag, exit 2, no traceback, nothing written —
-checked as :mod:`tests.test_bad_input` checks its cases — and the inputs that were misread, now
-read as they say."""
+"""Bad input found by the fifth and sixth fuzz (recipes, calibration, bench, plan files; studies,
+optimize, plan searches, reports: 302 and 318 cases): each case one line ``error: ...`` naming its
+file, key or flag, exit 2, no traceback, nothing written — checked as :mod:`tests.test_bad_input`
+checks its cases — and the inputs that were misread, now read as they say."""
 
 from __future__ import annotations
 
@@ -42,6 +42,26 @@ layers = 24
 replicas = [{ gpu = "h100-sxm-80gb", tp = 2, count = 4 }]
 """
 EV = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--recipe"]
+STUDY = """name = "{name}"
+[model]
+key = "llama2-7b"
+[hardware]
+gpu = "h100-sxm-80gb"
+n_gpus = 8
+[plan]
+global_batch = 64
+seq_len = 2048
+{extra}
+"""
+PLAN_STUDY = """name = "ps"
+model = "llama2-7b"
+clusters = ["h100-sxm-80gb:8"]
+top = 2
+[plan]
+global_batch = 32
+seq_len = 2048
+"""
+PLAN_OUT = ["--out", "{tmp}/rep"]
 
 
 def _files(tmp: Path) -> None:
@@ -65,6 +85,28 @@ def _files(tmp: Path) -> None:
         "plan_seq_text.toml": PLAN % 'seq_len = "2048"',
     }.items():
         (tmp / name).write_text(text)
+    for name, extra in {
+        "s_long_name.toml": "",
+        "s_ok.toml": "",
+        "s_imbalance.toml": "moe_imbalance = 2.0",
+        "s_fp8_attention.toml": "fp8_attention = true",
+        "s_shard.toml": "shard_group = 4",
+        "s_dispatcher.toml": 'dispatcher = "deepep"',
+        "s_overlap.toml": "ep_overlap = true",
+        "s_cluster_digit.toml": "",
+    }.items():
+        text = STUDY.format(name="a" * 300 if "long" in name else "t", extra=extra)
+        if "digit" in name:
+            text = text.replace('gpu = "h100-sxm-80gb"\nn_gpus = 8', 'cluster = "h100-sxm-80gb:\u00b2"')
+        (tmp / name).write_text(text, encoding="utf-8")
+    for name, change in {
+        "ps_description.toml": ("top = 2", "top = 2\ndescription = 5"),
+        "ps_catalog.toml": ("top = 2", 'top = 2\ncatalog = "c.toml"'),
+        "ps_unknown_kind.toml": ('clusters = ["h100-sxm-80gb:8"]', 'clusters = ["h100-sxm-80gb:8", "h900:8"]'),
+        "ps_text.toml": ("global_batch = 32", 'global_batch = "32"'),
+    }.items():
+        (tmp / name).write_text(PLAN_STUDY.replace(*change))
+    (tmp / "ps.toml").write_text(PLAN_STUDY)
     runs = (ROOT / "hetersim" / "data" / "published_runs.csv").read_text().splitlines()
     (tmp / "one_source.csv").write_text("\n".join(runs[:2]) + "\n")
 
@@ -120,6 +162,61 @@ CASES = [
         ["bench", "--configs", "1000", "--chunk", "1024", "--chunks", "2048", "--one-at-a-time", "0"],
         ["--chunk and --chunks"],
     ),
+    # sixth fuzz: studies, plan searches, optimize, sweeps (the study's points never run)
+    ("study-long-name", ["sweep", "{tmp}/s_long_name.toml", "--out", "{tmp}/out"], ["name", "at most 200"]),
+    ("study-imbalance-dense", ["sweep", "{tmp}/s_imbalance.toml"], ["s_imbalance.toml", "plan.moe_imbalance"]),
+    ("study-fp8-attention-bf16", ["sweep", "{tmp}/s_fp8_attention.toml"], ["plan.fp8_attention", "plan.precision"]),
+    ("study-shard-zero0", ["sweep", "{tmp}/s_shard.toml"], ["s_shard.toml", "plan.shard_group", "plan.zero 0"]),
+    ("study-dispatcher-dense", ["sweep", "{tmp}/s_dispatcher.toml"], ["plan.dispatcher", "no experts"]),
+    ("study-overlap-dense", ["sweep", "{tmp}/s_overlap.toml"], ["plan.ep_overlap", "no experts"]),
+    (
+        "study-cluster-superscript",
+        ["sweep", "{tmp}/s_cluster_digit.toml"],
+        ["s_cluster_digit.toml", "hardware.cluster"],
+    ),
+    (
+        "evaluate-imbalance-dense",
+        ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
+        + ["--moe-imbalance", "2"],
+        ["--moe-imbalance", "no"],
+    ),
+    ("plan-study-description", ["plan", "--study", "{tmp}/ps_description.toml", *PLAN_OUT], ["description", "string"]),
+    ("plan-study-catalog-text", ["plan", "--study", "{tmp}/ps_catalog.toml", *PLAN_OUT], ["catalog", "a list"]),
+    ("plan-study-unknown-kind", ["plan", "--study", "{tmp}/ps_unknown_kind.toml", *PLAN_OUT], ["clusters", "h900"]),
+    ("plan-study-text", ["plan", "--study", "{tmp}/ps_text.toml", *PLAN_OUT], ["plan.global_batch", "'32'"]),
+    (
+        "plan-study-and-flag",
+        ["plan", "--study", "{tmp}/ps.toml", *PLAN_OUT, "--global-batch", "999"],
+        ["--global-batch"],
+    ),
+    (
+        "plan-unknown-kind",
+        ["plan", "--model", "llama2-7b", "--cluster", "h900:8", "--global-batch", "8"],
+        ["--cluster h900:8", "unknown gpu"],
+    ),
+    (
+        "plan-cp",
+        ["plan", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:8", "--global-batch", "8", "--cp", "2"],
+        ["--cp", "plan file"],
+    ),
+    ("sweep-scheduler-address", ["sweep", "{tmp}/s_ok.toml", "--scheduler", "bogus"], ["--scheduler bogus"]),
+    (
+        "optimize-seed",
+        ["optimize", str(ROOT / "studies/optimize/llama2-13b-hardware.toml"), "--seed", "-1"],
+        ["--seed"],
+    ),
+    (
+        "optimize-storage-is-out",
+        [
+            "optimize",
+            str(ROOT / "studies/optimize/llama2-13b-hardware.toml"),
+            "--storage",
+            "{tmp}/o/",
+            "--out",
+            "{tmp}/o/",
+        ],
+        ["--storage", "folder"],
+    ),
     (
         "plan-seq-text",
         ["evaluate", "--model", "llama2-7b", "--plan", "{tmp}/plan_seq_text.toml"],
@@ -162,3 +259,75 @@ def test_a_whole_number_written_as_a_decimal_reads_and_calibrate_makes_its_folde
     )
     assert result.exit_code == 0, result.stderr
     assert out.is_file() and "gemm_shape_eff" in out.read_text()
+
+
+def test_a_searched_value_below_the_catalogs_earns_no_price_credit(tmp):
+    """[search.price] is per unit above the catalog's value; below it the price was credited, down
+    to a negative price and cost that won the cost objective."""
+    import xarray as xr
+
+    study = STUDY.format(name="neg", extra="tp = [1, 2]")
+    study += '[search]\ngpu = ["h100-sxm-80gb"]\nn_gpus = [8]\nhbm_bw_GBps = [100, 3350]\n'
+    (tmp / "neg.toml").write_text(study + "[search.price]\nhbm_bw_GBps = 0.003\n")
+    args = ["optimize", str(tmp / "neg.toml"), "--trials", "2", "--batch", "2", "--sampler", "grid"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp / "o")])
+    assert result.exit_code == 0, result.stderr
+    with xr.open_dataset(next((tmp / "o").glob("*.nc"))) as ds:
+        price = dict(zip(ds["hbm_bw_GBps"].values.tolist(), ds["price_usd_per_hour"].values.tolist(), strict=True))
+    catalog = price[3350]  # the H100's own bandwidth: its catalog price
+    assert price[100] == pytest.approx(catalog) and catalog > 0
+
+
+def test_top_k_streams_a_small_study_and_a_report_checks_its_counts_first(tmp):
+    """--top-k on a study below the streaming threshold kept every row (no stream, no top k): it
+    now streams. A streamed file without its counts, or with an objective sense that is neither min
+    nor max, is refused before the report draws anything (a KeyError after the figures before)."""
+    import xarray as xr
+
+    (tmp / "small.toml").write_text(STUDY.format(name="small", extra="tp = [1, 2]"))
+    result = CliRunner().invoke(app, ["sweep", str(tmp / "small.toml"), "--out", str(tmp / "out"), "--top-k", "1"])
+    assert result.exit_code == 0, result.stderr
+    with xr.open_dataset(tmp / "out" / "small.nc") as ds:
+        ds = ds.load()
+    assert int(ds.attrs["streamed"]) == 1 and int(ds.attrs["top_k"]) == 1
+    bad = ds.copy()
+    del bad.attrs["n_feasible"]
+    bad.to_netcdf(tmp / "counts.nc")
+    ds.attrs["objective_senses"] = "up min"
+    ds.to_netcdf(tmp / "senses.nc")
+    for name, needle in (("counts", "n_feasible attribute"), ("senses", "objective_senses")):
+        before = listing(tmp)
+        result = CliRunner().invoke(
+            app, ["report", str(tmp / f"{name}.nc"), "--no-validation", "--out", str(tmp / "r")]
+        )
+        assert listing(tmp) == before
+        assert_one_line_error(result.exit_code, result.stderr, [f"{name}.nc", needle])
+
+
+def test_context_parallelism_in_a_heterogeneous_plan_runs_and_a_mix_of_one_kind_is_the_homogeneous_run():
+    """cp > 1 in a heterogeneous plan failed with 'n_gpus 1 is not divisible by tp*pp*cp' (the shared
+    plan's placeholder group had one GPU); a mix of identical kinds now prices as the homogeneous
+    cluster, and cp halves the activations of a mix of two kinds."""
+    base = [
+        "evaluate",
+        "--model",
+        "llama2-7b",
+        "--gpus",
+        "16",
+        "--tp",
+        "4",
+        "--global-batch",
+        "32",
+        "--seq-len",
+        "8192",
+    ]
+    same = CliRunner().invoke(app, [*base, "--cp", "2", "--cluster", "h100-sxm-80gb:8,h100-sxm-80gb:8", "--json"])
+    homo = CliRunner().invoke(app, [*base, "--cp", "2", "--gpu", "h100-sxm-80gb", "--json"])
+    assert same.exit_code == 0 and homo.exit_code == 0, (same.stderr, homo.stderr)
+    assert json.loads(same.stdout)["step_time_s"] == json.loads(homo.stdout)["step_time_s"]
+    mix = [*base, "--cluster", "a100-sxm-80gb:8,h100-sxm-80gb:8", "--json"]
+    act = {
+        cp: json.loads(CliRunner().invoke(app, [*mix, "--cp", cp]).stdout)["memory_per_gpu_GiB"]["activations"]
+        for cp in ("1", "2")
+    }
+    assert act["2"] == pytest.approx(act["1"] / 2, rel=1e-3)

@@ -253,4 +253,6 @@ def optimize_cmd(
     positive("--batch", batch, hi=MAX_BATCH)
     if trials > MAX_TRIALS:
         raise ValueError(f"--trials must be an integer from 0 to {MAX_TRIALS:,}; got {trials:,}")
+    if seed is not None and not 0 <= seed < 2**32:  # numpy's and Optuna's samplers take these
+        raise ValueError(f"--seed must be between 0 and 2**32 - 1; got {seed}")
     optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)

@@ -108,6 +108,19 @@ def given(name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
+def given_flags(names) -> list[str]:
+    """The flags (as written in help) of the running command's parameters in ``names`` that were
+    given on the command line."""
+    try:  # typer >= 0.2x vendors click (as in .app)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - a typer that uses the click package
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    params = ctx.command.params if ctx is not None else []
+    return [p.opts[0] for p in params if p.name in names and given(p.name)]
+
+
 def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
     """Fill ``options`` from ``--recipe FILE`` (:func:`hetersim.recipe.read_recipe`): each value the
     file gives, unless the same option was given on the command line (the command line wins). The

@@ -11,7 +11,7 @@ from dse import format as fmt
 from hetersim.catalog import load_catalog
 
 from .app import app, status, user_errors
-from .options import PLAN_OPTIONS, fold_switches, with_flag, with_options
+from .options import PLAN_OPTIONS, fold_switches, given_flags, with_flag, with_options
 
 _OWN_LAYOUT = ("gpus", "tp", "pp", "dp", "vp", "ep", "etp")  # the search chooses or fixes these
 OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
@@ -62,8 +62,7 @@ def plan(**options: Any) -> None:
     model, cluster, top, out, as_json = (options.pop(k) for k in ("model", "cluster", "top", "out", "as_json"))
     study = options.pop("study")
     if study is not None:
-        _study(study, model, cluster, out, list(options.pop("catalog_files")))
-        return
+        return _study(study, model, cluster, out, options)
     budget, kinds, trials, seed = (options.pop(k) for k in ("budget", "kinds", "trials", "seed"))
     if trials < 0:
         raise ValueError(f"--trials must be >= 0 (0: every mix); got {trials}")
@@ -90,11 +89,16 @@ def plan(**options: Any) -> None:
     rest["offload"] = dict(rest.get("offload") or {})
     if rest.get("global_batch") is None:
         raise ValueError("missing option --global-batch")
+    if int(rest.get("cp") or 1) > 1:  # the search's candidates have no context-parallel group
+        raise ValueError("--cp: the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan")
     label, entry = api._model(catalog, model)
     if budget is not None:
         _budget(catalog, label, entry, (budget, kinds, trials, seed), rest, top, out, as_json)
         return
-    mix = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
+    try:
+        mix = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
+    except ValueError as error:
+        raise ValueError(f"--cluster {cluster}: {error}") from None
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     try:
         api.shared_plan(catalog, [k for k, _, _ in mix], rest, seq)
@@ -131,10 +135,15 @@ def plan(**options: Any) -> None:
     con.print(text, markup=False, highlight=False)
 
 
-def _study(study: Path, model, cluster, out, catalog_files) -> None:
-    """``--study``: every cluster's best plan, and the report."""
+def _study(study: Path, model, cluster, out, options: dict[str, Any]) -> None:
+    """``--study``: every cluster's best plan, and the report (``options``: the command's others,
+    which the file gives: the model, the clusters, the plan fields and how many to rank)."""
     from dse.plan_study import run_plan_study
 
+    extra = given_flags({*options, "top", "as_json"} - {"catalog_files"})
+    if extra:
+        raise ValueError(f"--study takes its model, clusters and plan fields from the file; leave {extra[0]} out")
+    catalog_files = list(options.pop("catalog_files"))
     if model is not None or cluster is not None:
         raise ValueError("--study names the model and the clusters; leave --model and --cluster out")
     if out is None:

@@ -257,7 +257,7 @@ def sweep_cmd(
         "[default: stream spaces of 1e8 configurations or more].",
     ),
     top_k: int | None = typer.Option(
-        None, "--top-k", help="Configurations kept per objective when streaming [default: 100]."
+        None, "--top-k", help="Configurations kept per objective when streaming (given: streams) [default: 100]."
     ),
 ) -> None:
     """Evaluate every configuration of a study; write a netCDF dataset and print the best ones."""
@@ -266,6 +266,7 @@ def sweep_cmd(
         positive("--top-k", top_k, hi=MAX_TOP_K)
         if stream is False:
             raise ValueError("--top-k applies to a streamed sweep; --no-stream keeps every configuration")
+        stream = True  # a study below the streaming threshold streams when asked for its top k
     if workers < 0:
         raise ValueError(f"--workers must be >= 0; got {workers}")
     sweep_command(study, out, chunk, scheduler, workers, as_json, stream=stream, top_k=top_k)

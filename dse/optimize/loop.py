@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 import time
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from dse.optimize.storage import (
     redact,
 )
 from dse.search_space import SearchSpace, load_search
+from dse.study import NAME_RE
 
 
 def suggest(trial: Any, space: SearchSpace) -> dict[str, Any]:
@@ -220,13 +220,15 @@ def run_optimize(
         raise ValueError(f"--batch must be a positive integer; got {batch}")
     check_sampler(sampler)
     check_storage(storage)
+    if storage is not None and "://" not in storage and Path(storage).resolve() == Path(out).resolve():
+        raise ValueError(f"--storage {storage} and --out {out} name one path; the journal is a file beside the results")
     space = load_search(study_path)
     if study_name is not None and not study_name.strip():
         raise ValueError("--study-name must not be empty (leave it out for the study's name)")
     name = study_name or space.name
+    if not NAME_RE.match(name):
+        raise ValueError(f"--study-name must be at most 200 letters, digits, '.', '_' or '-'; got {name!r}")
     atomic.check_target(output_path(out, name), "--out")
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
-        raise ValueError(f"--study-name must be letters, digits, '.', '_' or '-'; got {name!r}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     seed = worker_seed(seed, storage)
     sampler_obj = make_sampler(sampler, space, seed)

@@ -111,6 +111,8 @@ def check_storage(storage: str | None) -> None:
                 "(sqlite:///x.db, postgresql://user@host/db, mysql://...)"
             )
         return
+    if storage.endswith(("/", os.sep)):
+        raise ValueError(f"--storage {storage}: names a folder; give a journal file path")
     parent = Path(storage).expanduser().resolve().parent
     if not parent.is_dir():
         raise ValueError(f"--storage {storage}: folder {parent} does not exist")

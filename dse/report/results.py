@@ -49,10 +49,24 @@ def open_results(path: str | Path):
         raise ValueError(f"{path}: results dataset lacks variable(s) {', '.join(dict.fromkeys(missing))}")
     try:
         check_codes(ds, "config")
+        _check_attrs(ds)
     except ValueError as error:
         ds.close()
         raise ValueError(f"{path}: not a HeterSim results dataset ({error})") from None
     return ds
+
+
+def _check_attrs(ds) -> None:
+    """The attributes a report reads, checked before any of it is drawn: a streamed sweep's counts
+    and the objectives' senses."""
+    if streamed(ds):
+        for key in ("n_configs", "n_feasible"):
+            value = ds.attrs.get(key)
+            if not isinstance(value, int | np.integer) or value < 0:
+                raise ValueError(f"streamed, but its {key} attribute is {value!r}, not a count")
+    bad = [x for x in str(ds.attrs.get("objective_senses", "")).split() if x not in ("min", "max")]
+    if bad:
+        raise ValueError(f"objective_senses must be 'min' or 'max' for each objective; got {bad[0]!r}")
 
 
 def _objectives(ds) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -296,6 +296,8 @@ def _connect(scheduler: str):
         return Client(scheduler)
     except OSError as error:
         raise ValueError(f"--scheduler {scheduler}: no Dask scheduler answered ({error})") from None
+    except ValueError as error:  # distributed's address parser: "missing port number in address ..."
+        raise ValueError(f"--scheduler {scheduler}: not an address such as tcp://host:8786 ({error})") from None
 
 
 def _progress(console, enabled: bool):
