@@ -95,15 +95,19 @@ def check_model(
     return entry["name"], entry
 
 
-def given(name: str) -> bool:
-    """Whether the running command's parameter ``name`` was given on the command line (not its
-    default)."""
+def _context():
+    """The running command's click context (None outside a command)."""
     try:  # typer >= 0.2x vendors click (as in .app)
         from typer._click.globals import get_current_context
     except ImportError:  # pragma: no cover - a typer that uses the click package
         from click import get_current_context
+    return get_current_context(silent=True)
 
-    ctx = get_current_context(silent=True)
+
+def given(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was given on the command line (not its
+    default)."""
+    ctx = _context()
     source = ctx.get_parameter_source(name) if ctx is not None else None
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
@@ -111,12 +115,7 @@ def given(name: str) -> bool:
 def given_flags(names) -> list[str]:
     """The flags (as written in help) of the running command's parameters in ``names`` that were
     given on the command line."""
-    try:  # typer >= 0.2x vendors click (as in .app)
-        from typer._click.globals import get_current_context
-    except ImportError:  # pragma: no cover - a typer that uses the click package
-        from click import get_current_context
-
-    ctx = get_current_context(silent=True)
+    ctx = _context()
     params = ctx.command.params if ctx is not None else []
     return [p.opts[0] for p in params if p.name in names and given(p.name)]
 
