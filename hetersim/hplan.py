@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import jsontext
-from .types import whole_number
+from .types import decimal_digits, whole_number
 
 BALANCE = ("equal", "speed")
 # Plan fields a heterogeneous plan sets per replica or derives from its structure.
@@ -391,7 +391,7 @@ def parse_cluster_groups(text: str) -> list[tuple[str, int]]:
     out = []
     for part in text.split(","):
         kind, sep, count = part.strip().partition(":")
-        if not sep or not count.strip().isdigit() or int(count) <= 0:
+        if not sep or not decimal_digits(count.strip()) or int(count) <= 0:
             raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
         out.append((kind.strip(), int(count)))
     return out

@@ -274,6 +274,12 @@ def whole_number(value: object, low: int) -> bool:
     return math.isfinite(value) and value == int(value) and value >= low
 
 
+def decimal_digits(text: str) -> bool:
+    """``text`` is written with the digits 0-9 only: ``str.isdigit`` also takes superscripts, which
+    ``int`` refuses, and other scripts' digits, which ``int`` reads as numbers."""
+    return text.isascii() and text.isdigit()
+
+
 def code(options: tuple[str, ...], value: str, what: str) -> int:
     """Return the integer code of ``value`` or raise a one-line ``ValueError``."""
     try:

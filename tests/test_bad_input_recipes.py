@@ -195,6 +195,11 @@ CASES = [
         ["--cluster h900:8", "unknown gpu"],
     ),
     (
+        "plan-cluster-superscript",
+        ["plan", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:\u00b2", "--global-batch", "8"],
+        ["h100-sxm-80gb:\u00b2", "positive count"],
+    ),
+    (
         "plan-cp",
         ["plan", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:8", "--global-batch", "8", "--cp", "2"],
         ["--cp", "plan file"],
