@@ -49,14 +49,10 @@ def read_plan_study(path: Path) -> dict[str, Any]:
     plan = data["plan"]
     if not isinstance(plan, dict):
         raise ValueError(f"{path}: [plan] must be a table")
-    for k, value in plan.items():
+    for k in plan:
         if k not in planfields.BY_NAME or k in hplan.STRUCTURAL + ("vp", "ep", "etp"):
             raise ValueError(f"{path}: plan.{k} is not a field a plan search takes (the search sets the layout)")
-        if not (value == planfields.AUTO and planfields.BY_NAME[k].default == planfields.AUTO):
-            try:
-                planfields.leaf_value(planfields.BY_NAME[k], value)
-            except ValueError as e:
-                raise ValueError(f"{path}: plan.{e}") from None
+    hplan.check_options(str(path), plan, "plan.")
     if "global_batch" not in plan:
         raise ValueError(f"{path}: plan.global_batch is required")
     top = data.get("top", 5)
@@ -76,15 +72,14 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
     opts = dict(study["plan"])
     seq = int(opts.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     atomic.check_folder(out_dir, "--out")
-    mixes = {}
-    for cluster in study["clusters"]:  # every kind known before any search or file
+    counts_of, mixes = {c: hplan.parse_cluster_counts(c) for c in study["clusters"]}, {}
+    for cluster, counts in counts_of.items():  # every kind known before any search or file
         try:
-            mixes[cluster] = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
+            mixes[cluster] = hsearch.mix_of(catalog, counts)
         except ValueError as e:
             raise ValueError(f"{path}: clusters: {cluster}: {e}") from None
     results, files = [], {}
-    for cluster in study["clusters"]:
-        counts = hplan.parse_cluster_counts(cluster)
+    for cluster, counts in counts_of.items():
         try:
             rows, ranked, _, n = hsearch.search(
                 entry, mixes[cluster], catalog, api.default_calibration(), opts, seq, top=study.get("top", 5)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dse.metrics import METRICS, constraint_keys, constraint_metric
-from hetersim import planfields
+from hetersim import hplan, planfields
 from hetersim.catalog import Catalog, apply_overrides, load_catalog, model_from_json
 from hetersim.types import ATTENTION, HETERO_MODES, MAX_GROUPS, OFFLOAD_STATE, ORDER, RECOMPUTE, TIER, ZERO_STAGES
 
@@ -256,7 +256,7 @@ def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mappi
             axes[key] = _plan_axis(origin, key, raw[key], ctx)
     axes = {k: axes[k] for k in ("model", "gpu", "n_gpus", *PLAN_AXES)}
     _check_possible(origin, axes)
-    _check_experts(origin, axes, models)
+    _check_unused_axes(origin, axes, models)
     return axes
 
 
@@ -276,12 +276,10 @@ def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple
         return {}, hetero
     out: dict[str, tuple[tuple[str, int], ...]] = {}
     for mix in _strings(origin, "hardware.cluster", hw["cluster"]):
-        groups = []
-        for part in mix.split(","):
-            kind, sep, count = part.strip().partition(":")
-            if not sep or not (count.strip().isascii() and count.strip().isdigit()) or int(count) <= 0:
-                raise _err(origin, "hardware.cluster", f"{part.strip()!r} must be KIND:COUNT with a positive count")
-            groups.append((kind.strip(), int(count)))
+        try:  # the parser of --cluster and plan files
+            groups = hplan.parse_cluster_groups(mix)
+        except ValueError as e:
+            raise _err(origin, "hardware.cluster", str(e).removeprefix("cluster: ")) from None
         if len(groups) > MAX_GROUPS:
             raise _err(origin, "hardware.cluster", f"{mix!r} has {len(groups)} groups; at most {MAX_GROUPS}")
         out[",".join(f"{k}:{c}" for k, c in groups)] = tuple(groups)
@@ -488,7 +486,7 @@ def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
             raise _err(origin, "plan.micro_batch", f"{b} is larger than every plan.global_batch")
 
 
-def _check_experts(origin: str, axes: Mapping[str, tuple[Any, ...]], models: Mapping) -> None:
+def _check_unused_axes(origin: str, axes: Mapping[str, tuple[Any, ...]], models: Mapping) -> None:
     """Axes no point can use: expert options without MoE models (else data), shard_group at ZeRO 0."""
     experts, default = any(int(m.get("n_experts", 0) or 0) > 1 for m in models.values()), PLAN_DEFAULTS["dispatcher"]
     moe = f"needs a mixture-of-experts model; the study's models ({', '.join(models)}) have no experts"
@@ -514,9 +512,9 @@ def _check_inert(origin: str, axes: Mapping[str, tuple[Any, ...]], scalars: dict
     for name in [n for n in INERT_SCALARS if n in scalars]:
         alone = {name: scalars[name], "offload": offload if name == "cpu_optimizer" else {}}
         error: FieldError | None = None
-        for model, pp, zero, precision in itertools.product(models.values(), *(axes[k] for k in AT_EVERY)):
+        for model, *point in itertools.product(models.values(), *(axes[k] for k in AT_EVERY)):
             try:
-                check_inert(model, alone, {**alone, "pp": pp, "zero": zero, "precision": precision})
+                check_inert(model, alone, {**alone, **dict(zip(AT_EVERY, point, strict=True))})
                 break
             except FieldError as e:
                 error = e

@@ -283,14 +283,21 @@ def parse_plan(data: Mapping[str, Any], origin: str = "plan") -> HeteroPlan:
             parse_cluster_groups(data["cluster"])
         except ValueError as e:
             raise ValueError(f"{origin}: {e}") from None
-    for key, value in options.items():  # each value in its field's range, named where it is
+    check_options(origin, options)
+    return HeteroPlan(pipes, balance, options, data.get("cluster"), data.get("link"))
+
+
+def check_options(origin: str, options: Mapping[str, Any], prefix: str = "") -> None:
+    """Each plan field's value in its range, named where it is (``prefix``: the table it sits in)."""
+    from . import planfields
+
+    for key, value in options.items():
         if value == planfields.AUTO and planfields.BY_NAME[key].default == planfields.AUTO:
             continue  # derived by the field's rule (sp: on when tp > 1)
         try:
             planfields.leaf_value(planfields.BY_NAME[key], value)
         except ValueError as e:
-            raise ValueError(f"{origin}: {e}") from None
-    return HeteroPlan(pipes, balance, options, data.get("cluster"), data.get("link"))
+            raise ValueError(f"{origin}: {prefix}{e}") from None
 
 
 # --------------------------------------------------------------------------------------------

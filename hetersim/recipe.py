@@ -60,6 +60,7 @@ from typing import Any
 
 from . import recipe_ds, recipe_moe
 from .planfields import FIELDS
+from .types import decimal_digits
 
 # Model dimensions: ``model_from_dims`` argument -> Megatron-LM flag (megatron/training/arguments.py).
 MEGATRON_MODEL_FLAGS = {
@@ -480,14 +481,13 @@ def _arguments(text: str, origin: str = "recipe") -> dict[str, str | None]:
             continue
         flag, eq, value = token.partition("=")
         name = flag.replace("_", "-")
-        if not eq and name not in _VALUELESS and i < len(tokens) and not tokens[i].startswith("--"):
+        follows = not eq and i < len(tokens) and not tokens[i].startswith("--")
+        if name in _VALUELESS and (eq or follows):  # argparse: "unrecognized arguments"
+            raise _fail(origin, flag, f"is a switch and takes no value; got {value if eq else tokens[i]!r}")
+        if follows:
             value, i = tokens[i], i + 1
             while name in _LIST_FLAGS and i < len(tokens) and not tokens[i].startswith("--"):
                 value, i = f"{value} {tokens[i]}", i + 1
-        elif not eq and name in _VALUELESS and i < len(tokens) and not tokens[i].startswith("--"):
-            eq, value = "=", tokens[i]  # argparse: "unrecognized arguments"
-        if name in _VALUELESS and eq:
-            raise _fail(origin, flag, f"is a switch and takes no value; got {value!r}")
         given = value if (eq or value) else None
         if name in args and args[name] != given:
             raise _fail(origin, flag, f"given twice, {args[name]!r} and {given!r}; give it once")
@@ -496,7 +496,7 @@ def _arguments(text: str, origin: str = "recipe") -> dict[str, str | None]:
 
 
 def _int_arg(origin: str, flag: str, value: str | None) -> int:
-    if value is None or not (value.isascii() and value.isdigit()) or int(value) <= 0:
+    if value is None or not decimal_digits(value) or int(value) <= 0:
         raise _fail(origin, flag, f"must be a positive integer; got {value!r}")
     return int(value)
 

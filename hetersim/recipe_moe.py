@@ -36,6 +36,8 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
+from .types import decimal_digits
+
 # (config key, Megatron-LM flag, model field)
 MOE_MODEL_KEYS = (
     ("num_moe_experts", "--num-experts", "n_experts"),
@@ -124,7 +126,7 @@ def _integer(raw: Any) -> int | None:
         return None
     if isinstance(raw, int):
         return raw
-    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+    if isinstance(raw, str) and decimal_digits(raw.strip()):
         return int(raw)
     return None
 

@@ -17,6 +17,7 @@ from hetersim.outputs import STEP_TERMS
 from .app import app, status, user_errors
 from .options import (
     CONFIGURATION_OPTIONS,
+    FIELD_FLAGS,
     apply_recipe,
     check_model,
     fold_switches,
@@ -152,9 +153,9 @@ def sensitivity(**options: Any) -> None:
     from .optimize import sensitivity_report
 
     metric, top, as_json = options.pop("metric"), options.pop("top"), options.pop("as_json")
-    for key, flag in (("cluster", "--cluster"), ("plan_file", "--plan")):  # a plan file names kinds per replica
+    for key in ("cluster", "plan_file"):  # a plan file names kinds per replica
         if options.get(key):
-            raise ValueError(f"{flag}: sensitivity works on one device kind; give --gpu")
+            raise ValueError(f"{FIELD_FLAGS[key]}: sensitivity works on one device kind; give --gpu")
     sensitivity_report(configuration(**apply_recipe(options)), metric=metric, top=top, json_out=as_json)
 
 

@@ -115,8 +115,8 @@ def calibrate_cmd(
     if runs is not None:  # a file with a mistake is refused before the work is announced
         rows = read_runs(runs)
         check_rows(rows, catalog, str(runs))
-        sources = len({source_label(r.source) for r in rows})
-        if (intervals or cross_validate) and sources < 2:
+        sources = len({source_label(r.source) for r in rows}) if intervals or cross_validate else 2
+        if sources < 2:
             flag = "--intervals" if intervals else "--cross-validate"
             raise ValueError(f"{flag}: leaving one source out needs runs of two sources or more; {runs} has {sources}")
     if intervals:
