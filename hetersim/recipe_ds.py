@@ -6,8 +6,11 @@ them:
 * ``train_batch_size`` is the global batch and ``train_micro_batch_size_per_gpu`` the micro-batch;
   ``gradient_accumulation_steps`` follows from them and the layout (DeepSpeed asserts
   ``train_batch_size = micro x steps x data-parallel ranks``): a file whose three admit no whole
-  number of ranks is refused. A file that gives no ``train_batch_size`` leaves the global batch to
-  ``--global-batch``.
+  number of ranks is refused. Once the layout is known (``dse.cli.options.apply_recipe``), the ones
+  the file leaves out follow from the others as DeepSpeed sets them (``deepspeed/runtime/config.py``
+  ``_set_batch_related_parameters``: accumulation 1 when only one is given) and all three must
+  agree with the data-parallel ranks; the file's ``gradient_accumulation_steps`` is returned as
+  ``accumulation`` for it.
 * ``zero_optimization.stage``; ``offload_optimizer.device: cpu`` is ZeRO-Offload: the optimizer
   states and the gradients live in host DRAM and the step runs on the CPU (DeepSpeed CPU-Adam);
   ``offload_param.device: cpu`` (stage 3) adds the weights; ``nvme`` (ZeRO-Infinity's NVMe tier) is
@@ -76,7 +79,7 @@ def read(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
         plan["grad_reduce"] = "fp32"
     elif comm is not None:
         plan["grad_reduce"] = "model"
-    return {"model": {}, "plan": plan}
+    return {"model": {}, "plan": plan, "accumulation": steps}
 
 
 def _given(value: Any) -> Any:

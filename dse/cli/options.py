@@ -143,7 +143,41 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
     for name, value in {**plan, **model}.items():
         if name not in extra and not given(name):
             options[name] = value
+    if "accumulation" in recipe:
+        _deepspeed_batch(options, recipe["plan"], recipe["accumulation"], path)
     return options
+
+
+def _deepspeed_batch(options: dict[str, Any], file: Mapping[str, Any], steps: int | None, path: Any) -> None:
+    """A DeepSpeed config's batch once the layout is known: of ``train_batch_size``,
+    ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` (a flag given stands for
+    the file's), the ones left out follow as DeepSpeed sets them, accumulation 1 when two are
+    missing, and ``train_batch_size = micro x steps x data-parallel ranks`` must hold
+    (deepspeedai/DeepSpeed @ edaa72212 ``deepspeed/runtime/config.py``,
+    ``_set_batch_related_parameters`` and ``_batch_assertion``)."""
+    gpus, split = options.get("gpus"), [int(options.get(k) or 1) for k in ("tp", "pp", "cp")]
+    if not gpus or options.get("cluster"):
+        return  # the ranks are the layout's: a mix's plan sets them per kind
+    ranks = int(options.get("dp") or gpus // (split[0] * split[1] * split[2]) or 1)
+    gb = options.get("global_batch") if given("global_batch") or "global_batch" in file else None
+    mb = options.get("micro_batch") if given("micro_batch") or "micro_batch" in file else None
+    name = {"gb": "--global-batch" if given("global_batch") else "train_batch_size",
+            "mb": "--micro-batch" if given("micro_batch") else "train_micro_batch_size_per_gpu"}  # fmt: skip
+    if gb is None and mb is not None:
+        options["global_batch"] = int(mb) * (steps or 1) * ranks
+    elif gb is not None and mb is None:
+        per = ranks * (steps or 1)
+        if int(gb) % per:
+            raise ValueError(
+                f"--recipe {path}: {name['gb']} {gb} is not a whole micro-batch per rank: {per} = "
+                f"{ranks} data-parallel ranks x {steps or 1} accumulation steps (DeepSpeed sets the micro-batch so)"
+            )
+        options["micro_batch"] = int(gb) // per
+    elif gb is not None and steps is not None and int(gb) != int(mb) * steps * ranks:
+        raise ValueError(
+            f"--recipe {path}: {name['gb']} {gb} is not {name['mb']} x gradient_accumulation_steps x data-parallel "
+            f"ranks = {mb} x {steps} x {ranks} = {int(mb) * steps * ranks} (DeepSpeed asserts it)"
+        )
 
 
 # --------------------------------------------------------------------------------------------

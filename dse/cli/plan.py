@@ -89,6 +89,9 @@ def plan(**options: Any) -> None:
     rest["offload"] = dict(rest.get("offload") or {})
     if rest.get("global_batch") is None:
         raise ValueError("missing option --global-batch")
+    gb, mb = int(rest["global_batch"]), int(rest.get("micro_batch") or 1)
+    if gb % mb:  # before the search, by the flags (a plan file's check names its fields)
+        raise ValueError(f"--global-batch {gb} is not a multiple of --micro-batch {mb}")
     if int(rest.get("cp") or 1) > 1:  # the search's candidates have no context-parallel group
         raise ValueError("--cp: the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan")
     label, entry = api._model(catalog, model)

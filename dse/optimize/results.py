@@ -30,9 +30,10 @@ Data = dict[str, tuple[Any, ...]]  # variable name -> (dims, values, attributes)
 
 
 def output_path(out: str | Path, name: str) -> Path:
-    """``out`` itself when it ends in ``.nc``, else ``out/<name>.optimize.nc``."""
+    """``out`` itself when it ends in ``.nc``, else ``out/<name>.optimize.nc`` (``t.nc`` names
+    ``t.optimize.nc``)."""
     out = Path(out)
-    return out if out.suffix == ".nc" else out / f"{name}.optimize.nc"
+    return out if out.suffix == ".nc" else out / f"{name.removesuffix('.nc')}.optimize.nc"
 
 
 def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):

@@ -39,8 +39,10 @@ class Report:
 
 
 def default_out_dir(nc_path: str | Path) -> Path:
-    """``results/X.nc`` -> ``results/X/``."""
-    p = Path(nc_path)
+    """``results/X.nc`` -> ``results/X/`` (a path with no name of its own, ``.``, is resolved first)."""
+    p = Path(nc_path) if Path(nc_path).name else Path(nc_path).resolve()
+    if not p.name:  # the root folder
+        return p / "report"
     return p.with_suffix("") if p.suffix == ".nc" else p.with_name(p.name + "_report")
 
 

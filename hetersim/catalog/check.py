@@ -172,6 +172,23 @@ def _check_refs(origin: str, section: Section, key: str, entry: Entry, links: Ma
             raise _fail(origin, f"{label} must name a {spec.ref_kind} link; links.{target} is a {actual} link")
 
 
+# GPU fields that name entries of other sections (memory devices, fleets): resolved when a host is
+# built, so checked by building it where the entry enters (a catalog file, --set, hardware.set).
+HOST_REFS = ("fleet", "cxl_expander", "cxl_pool", "host_dram_channel")
+
+
+def _check_host_refs(origin: str, key: str, entry: Entry, sections: Mapping[str, Mapping[str, Entry]]) -> None:
+    """The memory devices and the fleet a GPU entry names exist, as their sections say."""
+    if not any(name in entry for name in HOST_REFS):
+        return
+    from hetersim.build import system_spec  # the catalog is loaded by build's callers: no cycle at import
+
+    try:
+        system_spec(entry, sections["links"], memory=sections["memory"], fleets=sections["fleets"])
+    except ValueError as error:
+        raise _fail(origin, f"gpus.{key}.{error}") from None
+
+
 def _merge(base: Entry, fragment: Entry, section: Section) -> Entry:
     """Field-wise merge of an override onto an entry; the `sources` tables merge field-wise too."""
     merged = copy.deepcopy(base)

@@ -14,6 +14,7 @@ from typing import Any
 from .check import (
     _check_complete,
     _check_entry,
+    _check_host_refs,
     _check_refs,
     _fail,
     _merge,
@@ -155,4 +156,6 @@ def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
     for (section, key), origin in last_origin.items():
         _check_entry(origin, section, key, entries[section][key])
         _check_refs(origin, section, key, entries[section][key], entries["links"])
+        if section == "gpus" and not origin.startswith(f"catalog file {CATALOG_DIR}"):  # a user's entry
+            _check_host_refs(origin, key, entries[section][key], entries)
     return Catalog(**entries)

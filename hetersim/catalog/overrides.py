@@ -6,7 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .check import _check_complete, _check_entry, _check_refs, _fail, _merge, _parse_fragment, _restamp_sources
+from .check import (
+    HOST_REFS,
+    _check_complete,
+    _check_entry,
+    _check_host_refs,
+    _check_refs,
+    _fail,
+    _merge,
+    _parse_fragment,
+    _restamp_sources,
+)
 from .load import Catalog
 from .schema import _PROVENANCE, _SCHEMA, SECTIONS, Entry, Section
 
@@ -40,6 +50,8 @@ def apply_overrides(
     _check_entry(origin, section, entry_key, merged)
     if catalog is not None:
         _check_refs(origin, section, entry_key, merged, catalog.links)
+        if section == "gpus" and any(name in fragment for name in HOST_REFS):
+            _check_host_refs(origin, entry_key, merged, vars(catalog))
     return merged
 
 
