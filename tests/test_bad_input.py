@@ -282,10 +282,16 @@ def _invoke(args: list[str], tmp: Path):
     return result
 
 
+def check_refused(tmp: Path, args: list[str], fragments: list[str]) -> str:
+    """Run ``args`` in this process (``{tmp}`` filled in): exit 2, one line ``error: ...`` holding
+    every fragment, no traceback, nothing left in ``tmp``; the line."""
+    result = _invoke(args, tmp)
+    return assert_one_line_error(result.exit_code, result.stderr, [f.replace("{tmp}", str(tmp)) for f in fragments])
+
+
 @pytest.mark.parametrize("args, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_and_leaves_nothing(tmp, args, fragments):
-    result = _invoke(args, tmp)
-    assert_one_line_error(result.exit_code, result.stderr, [f.replace("{tmp}", str(tmp)) for f in fragments])
+    check_refused(tmp, args, fragments)
 
 
 @pytest.mark.skipif(CAN_WRITE_ANYWHERE, reason="root may write into a read-only folder")

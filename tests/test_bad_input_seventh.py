@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from tests.test_bad_input import assert_one_line_error, listing
+from tests.test_bad_input import check_refused
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
@@ -91,10 +91,7 @@ CASES = [
 
 @pytest.mark.parametrize("args, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_and_leaves_nothing(tmp, args, fragments):
-    before = listing(tmp)
-    result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp)) for a in args])
-    assert listing(tmp) == before, "the failed command left files behind"
-    assert_one_line_error(result.exit_code, result.stderr, fragments)
+    check_refused(tmp, args, fragments)
 
 
 def test_a_study_named_like_its_file_is_written_once_with_the_suffix():
