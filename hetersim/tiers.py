@@ -90,6 +90,11 @@ def parse_pool(text: str) -> tuple[str, int, int]:
         raise ValueError(f"cxl_pool expects DEVICE:NHOSTS[:LEVELS] (e.g. samsung-cmm-b-pool:4hosts); got {text!r}")
     hosts = _count("cxl_pool NHOSTS", m["hosts"].strip(), text)
     levels = _count("cxl_pool LEVELS", m["levels"].strip(), text) if m["levels"] else 1
+    if levels > max(1, hosts - 1):  # a switch joins two or more ports below it: n hosts, n - 1 levels deep at most
+        raise ValueError(
+            f"cxl_pool LEVELS must be at most {max(1, hosts - 1)} for {hosts} hosts (a tree of switches, each "
+            f"joining two or more ports, is that deep at most); got {text!r}"
+        )
     return m["device"].strip(), hosts, levels
 
 

@@ -52,7 +52,7 @@ CASES = [
     ("switch-both-ways", ev("--tp", "2", "--no-sp", "--sp"), ["--no-sp", "--sp", "contradict"]),
     ("cpu-optimizer-without-offload", ev("--cpu-optimizer"), ["--cpu-optimizer", "--offload optimizer:TIER"]),
     ("pp-layout-without-pipeline", ev("--pp-layout"), ["--pp-layout", "--pp > 1"]),
-    ("plan-kinds-empty", ["plan", "--model", "llama2-7b", "--budget", "100", "--kinds", " "], ["--kinds", "KIND,KIND"]),
+    ("plan-kinds-empty", ["plan", "--model", "llama2-7b", "--budget", "100", "--kinds", ","], ["--kinds", "KIND,KIND"]),
     (
         "plan-seed-without-trials",
         ["plan", "--model", "llama2-7b", "--cluster", "h100-sxm-80gb:8", "--global-batch", "64", "--seed", "5"],
@@ -164,7 +164,7 @@ CASES = [
     ("runs-kv-heads", ["validate", "--runs", "{tmp}/runs_kv_heads.csv"], ["kv_heads 7"]),
     ("runs-step-time-zero", ["validate", "--runs", "{tmp}/runs_measured_step_time_s.csv"], ["measured_step_time_s"]),
     ("runs-accounting", ["validate", "--runs", "{tmp}/runs_flops_accounting.csv"], ["flops_accounting", "magic"]),
-    ("set-domain-not-nodes", ev("--set", "scaleup_domain=3"), ["scaleup_domain 3", "nodes of 8 GPUs"]),
+    ("set-domain-not-nodes", ev("--set", "scaleup_domain=3"), ["scaleup_domain 3", "gpus_per_node 8"]),
     (
         "catalog-clock-above-boost",
         ["catalog", "gpus", "--catalog", "{tmp}/clock.toml"],

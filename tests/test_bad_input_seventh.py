@@ -17,6 +17,20 @@ from tests.test_bad_input import check_refused
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
 MIX = ["--model", "llama2-7b", "--cluster", "a100-sxm-80gb:4,h100-sxm-80gb:4"]
+MODEL = """[models.m]
+name = "M"
+layers = 4
+hidden = 1024
+heads = 16
+kv_heads = 4
+ffn_hidden = 2816
+vocab = 32000
+mlp = "gated"
+seq_len = 4096
+tied_embeddings = false
+source = "a user's"
+"""
+A100_80G = ROOT / "tests" / "data" / "calculon" / "a100_80g.json"  # no float8 peak
 # DeepSpeed configs that give one, two or three of its batch keys (deepspeed/runtime/config.py).
 DS = {
     "ds_accumulation.json": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4},
@@ -47,6 +61,8 @@ def _files(tmp: Path) -> None:
     }.items():
         (tmp / name).write_text(STUDY.format(name="t", hardware=hardware))
     (tmp / "c_fleet.toml").write_text('[gpus.h100-sxm-80gb]\nfleet = "nosuch"\n')
+    (tmp / "c_topk.toml").write_text(MODEL + "n_experts = 8\nmoe_ffn_hidden = 1024\n")
+    (tmp / "c_share.toml").write_text(MODEL + "sliding_window_share = 0.5\n")
     for name, batch in DS.items():
         (tmp / name).write_text(json.dumps({**batch, "bf16": {"enabled": True}}))
 
@@ -72,6 +88,33 @@ CASES = [
     ("study-set-pool", ["sweep", "{tmp}/s_pool.toml"], ["s_pool.toml", "hardware.set", "cxl_pool"]),
     ("study-set-expander", ["sweep", "{tmp}/s_expander.toml"], ["s_expander.toml", "cxl_expander", "'nosuch'"]),
     ("catalog-fleet", [*EVAL, "--catalog", "{tmp}/c_fleet.toml"], ["c_fleet.toml", "fleet", "unknown fleet"]),
+    # the seventh fuzz (model and hardware inputs): an empty name, a note before the error line,
+    # flags named by internal names, a switch tree deeper than its hosts, fields given a default
+    ("evaluate-gpu-empty", ["evaluate", "--model", "llama2-7b", "--gpu", "", "--gpus", "8"], ["--gpu is empty"]),
+    (
+        "system-note-before-error",
+        [*EVAL[:4], "a100-sxm-80gb", *EVAL[5:], "--system", str(A100_80G), "--precision", "fp8"],
+        ["--precision fp8", "no such peak"],
+    ),
+    ("system-with-cluster", [*EVAL[:3], *MIX[2:], *EVAL[5:], "--system", str(A100_80G)], ["--system", "--cluster"]),
+    (
+        "dims-hidden",
+        ["evaluate", "--layers", "2", "--hidden", "4095", "--heads", "32", *EVAL[3:]],
+        ["--hidden must be a multiple"],
+    ),
+    (
+        "dims-kv-heads",
+        ["evaluate", "--layers", "2", "--hidden", "4096", "--heads", "32", "--kv-heads", "64", *EVAL[3:]],
+        ["--kv-heads must divide"],
+    ),
+    (
+        "cxl-pool-levels",
+        [*EVAL, "--zero", "3", "--cxl-pool", "samsung-cmm-b-pool:4hosts:99", "--offload", "optimizer:cxl-pool"],
+        ["--cxl-pool", "LEVELS must be at most 3 for 4 hosts"],
+    ),
+    ("catalog-experts-no-top-k", [*EVAL, "--catalog", "{tmp}/c_topk.toml"], ["c_topk.toml", "n_experts 8 needs top_k"]),
+    ("catalog-share-no-window", [*EVAL, "--catalog", "{tmp}/c_share.toml"], ["c_share.toml", "needs sliding_window"]),
+    ("set-gpus-per-node", [*EVAL, "--set", "gpus_per_node=7"], ["--set", "gpus_per_node 7"]),
     # a DeepSpeed batch that its own assertion refuses (the accumulation steps were ignored)
     (
         "deepspeed-steps-against-flag",

@@ -89,19 +89,20 @@ def _given_twice(group: Any, argv: list[str]) -> str:
         ]
         if len({v for _, v in seen}) > 1:
             return f"{seen[0][0]} and {seen[-1][0]} contradict each other; give one"
-    return _switch_clash(command, rest) or _empty_path(command, rest)
+    return _switch_clash(command, rest) or _empty_value(command, rest)
 
 
-def _empty_path(command: Any, rest: list[str]) -> str:
-    """A path option given an empty value (``--out ''``), which a ``Path`` reads as the current
-    folder: where to write or what to read is never guessed."""
+def _empty_value(command: Any, rest: list[str]) -> str:
+    """An option given an empty value (``--out ''``, ``--gpu ''``): a ``Path`` reads it as the
+    current folder, a name as a key no entry has; where to write or what to read is never guessed."""
     for param in getattr(command, "params", ()):
+        if param.param_type_name != "option" or getattr(param, "is_flag", False):
+            continue
         described = getattr(param, "type_descriptor", None)  # typer >= 0.28; older: click's own type
         kind = str(described.annotation) if described else type(getattr(param, "type", None)).__name__
-        if "Path" in kind and param.param_type_name == "option":
-            for _, name, value in _given(rest, param.opts):
-                if not value.strip():
-                    return f"{name} is empty; give a path"
+        for _, name, value in _given(rest, param.opts):
+            if not value.strip():
+                return f"{name} is empty; give {'a path' if 'Path' in kind else 'a value'}"
     return ""
 
 

@@ -67,10 +67,11 @@ def configuration(
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))
     if system is not None:
+        if rest.get("cluster") is not None:
+            raise ValueError("--system describes one device kind (--gpu KIND), not the kinds of --cluster")
         if gpu is None:
             raise ValueError("--system describes one device kind: give --gpu KIND (the base for what it leaves out)")
         catalog, gpu = with_calculon_system(catalog, gpu, system)
-        status(f"{system}: Calculon keys the model does not use (its own apply): {', '.join(UNUSED)}")
     dims = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
     dims["head_dim"] = head_dim
     dims = {k: v for k, v in {**dims, "mlp": mlp, "tied_embeddings": tied_embeddings}.items() if v is not None}
@@ -78,7 +79,7 @@ def configuration(
     check_model(catalog, model, dims, extra)
     dims.update(extra)
     try:
-        return api.configure(
+        built = api.configure(
             model=model if model is not None else dims,
             gpu=gpu,
             catalog=catalog,
@@ -90,6 +91,9 @@ def configuration(
         )
     except ValueError as error:
         raise with_flag(error) from None
+    if system is not None:  # a note once the inputs are checked: an error stays the one line
+        status(f"{system}: Calculon keys the model does not use (its own apply): {', '.join(UNUSED)}")
+    return built
 
 
 def device_facts(specs: tuple) -> dict[str, Any]:

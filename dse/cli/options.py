@@ -91,8 +91,19 @@ def check_model(
             positive(f"--{key.replace('_', '-')}", value)
     if given.get("mlp", "gated") not in ("gated", "plain"):
         raise ValueError(f"--mlp must be one of gated, plain; got {given['mlp']!r}")
-    entry = model_from_dims(**given, **(extra or {}))
+    try:
+        entry = model_from_dims(**given, **(extra or {}))
+    except ValueError as error:  # "model_from_dims: models.<key>.<field> ...": the field by its flag
+        match = _DIMS_ERROR.match(str(error))
+        if match is None:
+            raise
+        field = match[1]
+        name = f"--{field.replace('_', '-')}" if field in given else f"--recipe's model field {field}"
+        raise ValueError(name + str(error)[match.end() :]) from None
     return entry["name"], entry
+
+
+_DIMS_ERROR = re.compile(r"^model_from_dims: models\.[^ ]+?\.(\w+)(?= )")
 
 
 def _context():

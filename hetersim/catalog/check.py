@@ -71,6 +71,10 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
             raise _fail(origin, f"{label}.kv_heads must divide heads ({heads}), got {kv_heads}")
         if entry.get("head_dim") is None and hidden % heads:
             raise _fail(origin, f"{label}.hidden must be a multiple of heads ({heads}), got {hidden}")
+        if entry.get("n_experts") and entry.get("top_k") is None:  # no default: Mixtral routes 2, DeepSeek-V3 8
+            raise _fail(origin, f"{label}.n_experts {entry['n_experts']} needs top_k (experts a token is routed to)")
+        if entry.get("sliding_window_share") is not None and not entry.get("sliding_window"):
+            raise _fail(origin, f"{label}.sliding_window_share needs sliding_window (the window its layers see)")
     elif section == "gpus":
         if entry["peak_tflops_bf16"] <= 0 and entry["peak_tflops_fp16"] <= 0:
             raise _fail(origin, f"{label} needs peak_tflops_bf16 or peak_tflops_fp16 > 0, both are 0")
@@ -99,7 +103,9 @@ def _check_node(origin: str, label: str, entry: Entry) -> None:
     (a PCIe machine's 1 of 8); a clock held under the power limit is at most the boost clock."""
     domain, node = entry.get("scaleup_domain"), entry.get("gpus_per_node")
     if domain and node and domain % node and node % domain:
-        raise _fail(origin, f"{label}.scaleup_domain {domain} neither divides nor is whole nodes of {node} GPUs")
+        raise _fail(
+            origin, f"{label}.scaleup_domain {domain} neither divides nor is whole nodes of gpus_per_node {node}"
+        )
     boost, held = entry.get("boost_clock_MHz"), entry.get("sustained_clock_MHz")
     if boost and held and held > boost:
         raise _fail(origin, f"{label}.sustained_clock_MHz {held:g} exceeds boost_clock_MHz {boost:g}")
