@@ -31,6 +31,18 @@ tied_embeddings = false
 source = "a user's"
 """
 A100_80G = ROOT / "tests" / "data" / "calculon" / "a100_80g.json"  # no float8 peak
+SYSTEM = [
+    "evaluate",
+    "--model",
+    "llama2-7b",
+    "--gpu",
+    "a100-sxm-80gb",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "8",
+    "--system",
+]
 # DeepSpeed configs that give one, two or three of its batch keys (deepspeed/runtime/config.py).
 DS = {
     "ds_accumulation.json": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4},
@@ -63,6 +75,14 @@ def _files(tmp: Path) -> None:
     (tmp / "c_fleet.toml").write_text('[gpus.h100-sxm-80gb]\nfleet = "nosuch"\n')
     (tmp / "c_topk.toml").write_text(MODEL + "n_experts = 8\nmoe_ffn_hidden = 1024\n")
     (tmp / "c_share.toml").write_text(MODEL + "sliding_window_share = 0.5\n")
+    system = json.loads(A100_80G.read_text())
+    for name, (key, value) in {
+        "sys_latency.json": ("latency", 1e9),
+        "sys_size.json": ("size", 7),
+        "sys_offset.json": ("ops", {**system["networks"][0]["ops"], "all_reduce": [2.0, "x"]}),
+    }.items():
+        network = {**system["networks"][0], key: value}
+        (tmp / name).write_text(json.dumps({**system, "networks": [network, system["networks"][1]]}))
     for name, batch in DS.items():
         (tmp / name).write_text(json.dumps({**batch, "bf16": {"enabled": True}}))
 
@@ -97,6 +117,9 @@ CASES = [
         ["--precision fp8", "no such peak"],
     ),
     ("system-with-cluster", [*EVAL[:3], *MIX[2:], *EVAL[5:], "--system", str(A100_80G)], ["--system", "--cluster"]),
+    ("system-latency", [*SYSTEM, "{tmp}/sys_latency.json"], ["sys_latency.json", "networks[0].latency", "<= 1e+06"]),
+    ("system-size", [*SYSTEM, "{tmp}/sys_size.json"], ["sys_size.json", "networks[0].size 7"]),
+    ("system-ops-offset", [*SYSTEM, "{tmp}/sys_offset.json"], ["networks[0].ops.all_reduce[1]", "'x'"]),
     (
         "dims-hidden",
         ["evaluate", "--layers", "2", "--hidden", "4095", "--heads", "32", *EVAL[3:]],

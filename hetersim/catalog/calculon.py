@@ -136,6 +136,8 @@ def _network(origin: str, label: str, table: Any) -> dict[str, float]:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise _fail(origin, f"{label}.ops.{op} must be a [scalar, offset] pair, got {pair!r}")
         _number(origin, f"{label}.ops.{op}[0]", pair[0])
+        if pair[1] is not None and not (_is_number(pair[1]) and abs(pair[1]) <= MAX_NUMBER):
+            raise _fail(origin, f"{label}.ops.{op}[1] (the offset) must be a number or null, got {pair[1]!r}")
     if not isinstance(table["must_be_filled"], bool):
         raise _fail(origin, f"{label}.must_be_filled must be true or false, got {table['must_be_filled']!r}")
     _number(origin, f"{label}.processor_usage", table["processor_usage"], strict=False, high=0.999999)
@@ -146,7 +148,7 @@ def _network(origin: str, label: str, table: Any) -> dict[str, float]:
         "bw_GBps": _number(origin, f"{label}.bandwidth", table["bandwidth"]),
         "busbw_eff": _number(origin, f"{label}.efficiency", table["efficiency"], high=1.0),
         # hetersim's links need a positive per-step latency (seconds in the file, us here).
-        "latency_us": _number(origin, f"{label}.latency", table["latency"]) * 1e6,
+        "latency_us": _number(origin, f"{label}.latency", table["latency"], high=MAX_NUMBER / 1e6) * 1e6,
         "size": size,
     }
 
@@ -212,6 +214,11 @@ def calculon_device(path: str | Path, base: Entry) -> tuple[Entry, dict[str, Ent
     put("host_dram_GiB", system["mem2"][0] * per_node, f"mem2.GiB x gpus_per_node {per_node}")
     put("host_path_GBps", system["mem2"][1] * per_node, f"mem2.GBps x gpus_per_node {per_node}")
     up, out = system["networks"]
+    if up["size"] % per_node and per_node % up["size"]:  # the catalog's rule (check._check_node), by the file's key
+        raise _fail(
+            f"Calculon system file {path}",
+            f"networks[0].size {up['size']} neither divides nor is whole nodes of {base['name']}'s {per_node} GPUs",
+        )
     put("scaleup_domain", up["size"], "networks[0].size")
     put("nics_per_gpu", 1.0, "networks[1] is one network per processor")
     links: dict[str, Entry] = {}
