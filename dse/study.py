@@ -219,14 +219,15 @@ def _hardware(origin: str, hw: Mapping[str, Any], catalog: Catalog, clusters) ->
         if isinstance(value, dict | list):
             raise _err(origin, f"hardware.set.{key}", f"must be a single value; got {value!r}")
     gpus = {}
-    for key in gpu_keys:
+    if not clusters:  # one device under two spellings would give the same points twice
+        _once(origin, "hardware.gpu", list(gpu_keys), catalog, "gpus")
+        gpu_keys = tuple(_lookup(origin, "hardware.gpu", lambda k: catalog.key("gpus", k), k) for k in gpu_keys)
+    for key in gpu_keys:  # the catalog's key labels the results, whichever spelling named it
         entry = _lookup(origin, "hardware.gpu", catalog.gpu, key)
         if overrides:
             where = f"{origin}: hardware.set"
             entry = apply_overrides("gpus", key, entry, overrides, origin=where, catalog=catalog, text=False)
         gpus[key] = entry
-    if not clusters:  # one device under two spellings would give the same points twice
-        _once(origin, "hardware.gpu", list(gpus), catalog, "gpus")
     totals = tuple(sorted({sum(c for _, c in groups) for groups in clusters.values()}))
     if clusters and "n_gpus" not in hw:
         return gpus, totals

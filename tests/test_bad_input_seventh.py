@@ -183,3 +183,13 @@ def test_a_deepspeed_batch_is_completed_as_deepspeed_completes_it(tmp, name, fla
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)["plan"]
     assert (plan["global_batch"], plan["micro_batch"]) == batch
+
+
+def test_a_study_gpu_named_by_an_alias_is_labelled_by_its_catalog_key():
+    """A study's ``gpu = "H100"`` labelled its results ``H100`` (a name no catalog command shows);
+    the catalog key labels them whichever spelling named the device."""
+    from dse.study import parse_study
+
+    study = parse_study(STUDY.format(name="t", hardware="").replace('"h100-sxm-80gb"', '["H100", "h200"]'))
+    assert study.axes["gpu"] == ("h100-sxm-80gb", "h200-sxm-141gb")
+    assert set(study.gpus) == {"h100-sxm-80gb", "h200-sxm-141gb"}
