@@ -247,7 +247,8 @@ FOO = {
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
-        ({"tie_word_embeddings": "false"}, "tied_embeddings must be true or false, got 'false'"),  # was read as true
+        # was read as true
+        ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
         ({"max_position_embeddings": 131072.5}, "max_position_embeddings must be a positive integer"),  # was capped
         ({"max_position_embeddings": 1e30}, "max_position_embeddings must be a positive integer"),
         ({"max_position_embeddings": None, "n_positions": 1e30}, "n_positions must be a positive integer"),

@@ -329,7 +329,7 @@ QWEN3_30B = {
         (_without(dict(MIXTRAL, num_local_experts="8"), "model_type"), "mixture-of-experts model_type ''"),
         (dict(QWEN3_30B, num_local_experts=64), "num_local_experts = 64, num_experts = 128 contradict"),
         (dict(QWEN3_30B, decoder_sparse_step=0), "decoder_sparse_step must be an integer >= 1; got 0"),
-        (dict(DEEPSEEK_V3, num_nextn_predict_layers=0.5), "mtp_layers must be an integer from 0"),
+        (dict(DEEPSEEK_V3, num_nextn_predict_layers=0.5), "num_nextn_predict_layers must be an integer from 0"),
     ],
 )
 def test_an_moe_config_is_read_as_written_or_refused(tmp_path, config, needle):
