@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
@@ -85,13 +85,18 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding=encoding))
 
 
-def check_target(path: str | Path, what: str) -> Path:
+def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None] = ()) -> Path:
     """A one-line ``ValueError`` naming ``what`` (a flag) unless file ``path`` can be written: it
-    is not a folder, and its nearest existing ancestor is a folder this process may write into.
-    Called before any work, so that a bad output location fails at once and leaves nothing."""
+    is not a folder, not one of the files the command ``reads``, and its nearest existing ancestor
+    is a folder this process may write into. Called before any work, so that a bad output location
+    fails at once and leaves nothing."""
     path = Path(path)
+    if any(source is not None and Path(source).resolve() == path.resolve() for source in reads):
+        raise ValueError(f"{what} {path} is a file this command reads; give the output its own file")
     if path.is_dir():
         raise ValueError(f"{what} {path}: is a folder; give a file path")
+    if path.exists() and not path.is_file():  # a device or a pipe: os.replace would put a file there
+        raise ValueError(f"{what} {path}: not a regular file (a device, pipe or socket); give a file path")
     _check_ancestor(path.parent, path, what)
     return path
 

@@ -203,7 +203,8 @@ def _term_label(name: str) -> str:
 
 
 def _layout(plan: Mapping[str, Any]) -> str:
-    text = planfields.layout_label(plan)
+    # A heterogeneous plan sets tp, pp and dp per stage and replica (its table follows): left out here.
+    text = planfields.layout_label({k: v for k, v in plan.items() if v is not None or k not in ("tp", "pp", "dp")})
     if plan["offload"]:
         text += " offload " + ",".join(f"{s}->{t}" for s, t in plan["offload"].items())
     return text

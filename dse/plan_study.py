@@ -18,9 +18,11 @@ def read_plan_study(path: Path) -> dict[str, Any]:
     from hetersim import hplan, planfields
 
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise ValueError(f"{path}: cannot read study ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text (UTF-8) TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML ({e})") from None
     unknown = sorted(set(data) - _KEYS)

@@ -82,7 +82,9 @@ def check_codes(ds, dim: str) -> None:
     trial without a layout); one-line ``ValueError`` naming the column otherwise."""
     for c in (*COLUMNS, *str(ds.attrs.get("outer_variables", "")).split()):
         var = ds.variables.get(c)
-        if var is None or var.dims != (dim,) or "flag_meanings" not in var.attrs or "flag_values" not in var.attrs:
+        if var is not None and ("flag_meanings" in var.attrs) != ("flag_values" in var.attrs):
+            raise ValueError(f"{c} has one of flag_values and flag_meanings without the other (CF gives both)")
+        if var is None or var.dims != (dim,) or "flag_meanings" not in var.attrs:
             continue
         n = len(str(var.attrs["flag_meanings"]).split())
         codes = np.asarray(var.values).astype(np.int64)

@@ -111,7 +111,7 @@ class Study:
 def read_study_text(path: Path) -> str:
     """A study file's text, or a one-line ``ValueError`` naming the file."""
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is no statement
     except FileNotFoundError:
         raise ValueError(f"study file {path}: not found") from None
     except IsADirectoryError:

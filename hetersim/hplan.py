@@ -164,7 +164,7 @@ def read_plan_file(path: str | Path) -> HeteroPlan:
     naming the file, the stage and the key."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise ValueError(f"{path}: cannot read plan file ({e.strerror})") from None
     except UnicodeDecodeError:
@@ -395,11 +395,14 @@ def _check_shares(plan: HeteroPlan, total_mb: int, origin: str) -> None:
 
 def parse_cluster_groups(text: str) -> list[tuple[str, int]]:
     """``"KIND:N,KIND:N"`` -> ``[(kind, count), ...]`` in order (one-line errors)."""
+    from . import planfields
+
     out = []
+    most = int(planfields.BY_NAME["n_gpus"].hi)
     for part in text.split(","):
         kind, sep, count = part.strip().partition(":")
-        if not sep or not decimal_digits(count.strip()) or int(count) <= 0:
-            raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count")
+        if not sep or not kind.strip() or not decimal_digits(count.strip()) or not 0 < int(count) <= most:
+            raise ValueError(f"cluster: {part.strip()!r} must be KIND:COUNT with a positive count <= {most:,}")
         out.append((kind.strip(), int(count)))
     return out
 

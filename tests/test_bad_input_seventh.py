@@ -5,9 +5,13 @@ its cases; and the inputs that were misread, now read as they say."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -31,6 +35,9 @@ tied_embeddings = false
 source = "a user's"
 """
 A100_80G = ROOT / "tests" / "data" / "calculon" / "a100_80g.json"  # no float8 peak
+OPTIMIZE = ["optimize", str(ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml"), "--trials", "1"]
+BUDGET = ["plan", "--model", "llama2-7b", "--global-batch", "8", "--budget", "100", "--kinds"]
+REPORT = ["report", "--no-validation", "--out", "{tmp}/r"]
 SYSTEM = [
     "evaluate",
     "--model",
@@ -49,6 +56,14 @@ DS = {
     "ds_global.json": {"train_batch_size": 64},
     "ds_uneven.json": {"train_batch_size": 60},
     "ds_all.json": {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2},
+}
+# A results dataset as a sweep writes it (the variables report reads), and edits of it.
+RESULTS = {
+    "r_no_meanings.nc": lambda ds: ds.gpu.attrs.pop("flag_meanings"),
+    "r_no_objectives.nc": lambda ds: ds.attrs.update(objectives=""),
+    "r_short_senses.nc": lambda ds: ds.attrs.update(objective_senses="min"),
+    "r_negative.nc": lambda ds: ds["time_to_train_s"].values.__setitem__(0, -1.0),
+    "r_text.nc": lambda ds: ds.update({"step_time_s": ("config", np.array(["a", "b"]))}),
 }
 STUDY = """name = "{name}"
 [model]
@@ -83,6 +98,11 @@ def _files(tmp: Path) -> None:
     }.items():
         network = {**system["networks"][0], key: value}
         (tmp / name).write_text(json.dumps({**system, "networks": [network, system["networks"][1]]}))
+    os.mkfifo(tmp / "fifo.toml")  # read, it blocked for ever; written, os.replace put a file there
+    (tmp / "runs.csv").write_text((ROOT / "hetersim" / "data" / "published_runs.csv").read_text())
+    (tmp / "small.toml").write_text(STUDY.format(name="small", hardware=""))
+    for name, edit in RESULTS.items():
+        _results(edit).to_netcdf(tmp / name)
     for name, batch in DS.items():
         (tmp / name).write_text(json.dumps({**batch, "bf16": {"enabled": True}}))
 
@@ -138,6 +158,28 @@ CASES = [
     ("catalog-experts-no-top-k", [*EVAL, "--catalog", "{tmp}/c_topk.toml"], ["c_topk.toml", "n_experts 8 needs top_k"]),
     ("catalog-share-no-window", [*EVAL, "--catalog", "{tmp}/c_share.toml"], ["c_share.toml", "needs sliding_window"]),
     ("set-gpus-per-node", [*EVAL, "--set", "gpus_per_node=7"], ["--set", "gpus_per_node 7"]),
+    # the seventh fuzz (outputs, files, numeric flags): a pipe or device as a file, an output over
+    # an input, unbounded counts, kinds and seeds named by their flag, edited results files
+    ("study-fifo", ["sweep", "{tmp}/fifo.toml"], ["fifo.toml: not a regular file"]),
+    ("catalog-fifo", [*EVAL, "--catalog", "{tmp}/fifo.toml"], ["fifo.toml: not a regular file"]),
+    ("out-fifo", ["validate", "--out", "{tmp}/fifo.toml"], ["fifo.toml: not a regular file"]),
+    ("storage-fifo", [*OPTIMIZE, "--storage", "{tmp}/fifo.toml"], ["--storage", "not a regular file"]),
+    ("argument-empty", ["export", "", "--csv", "{tmp}/t.csv"], ["an argument is empty"]),
+    ("validate-out-is-runs", ["validate", "--runs", "{tmp}/runs.csv", "--out", "runs.csv"], ["this command reads"]),
+    ("calibrate-out-is-runs", ["calibrate", "--runs", "{tmp}/runs.csv", "--out", "{tmp}/runs.csv"], ["reads"]),
+    ("sweep-workers", ["sweep", "{tmp}/small.toml", "--workers", str(2**64)], ["--workers must be from 0 to"]),
+    ("plan-cluster-count", ["plan", *MIX[:2], "--cluster", f"h100-sxm-80gb:{2**64}", "--global-batch", "8"], ["<="]),
+    ("cluster-no-kind", [*EVAL[:3], "--cluster", ":4,a100-sxm-80gb:4", *EVAL[5:]], ["--cluster", "':4'"]),
+    ("cluster-unknown-kind", [*EVAL[:3], "--cluster", "zz9:4,a100-sxm-80gb:4", *EVAL[5:]], ["--cluster", "'zz9'"]),
+    ("plan-kinds-unknown", [*BUDGET, "h100-sxm-80gb,zz9"], ["--kinds", "'zz9'"]),
+    ("plan-kinds-twice", [*BUDGET, "h100-sxm-80gb,H100"], ["--kinds must name distinct"]),
+    ("plan-kinds-empty-item", [*BUDGET, "h100-sxm-80gb,,a100-sxm-80gb"], ["--kinds must name distinct"]),
+    ("plan-seed", [*BUDGET, "h100-sxm-80gb,a100-sxm-80gb", "--trials", "4", "--seed", str(2**32)], ["--seed must"]),
+    ("report-no-meanings", [*REPORT, "{tmp}/r_no_meanings.nc"], ["gpu has one of flag_values and flag_meanings"]),
+    ("report-no-objectives", [*REPORT, "{tmp}/r_no_objectives.nc"], ["objectives attribute names no metric"]),
+    ("report-short-senses", [*REPORT, "{tmp}/r_short_senses.nc"], ["1 senses for 2 objectives"]),
+    ("report-negative", [*REPORT, "{tmp}/r_negative.nc"], ["time_to_train_s holds negative values"]),
+    ("report-text", [*REPORT, "{tmp}/r_text.nc"], ["step_time_s must be numbers along config"]),
     # a DeepSpeed batch that its own assertion refuses (the accumulation steps were ignored)
     (
         "deepspeed-steps-against-flag",
@@ -193,3 +235,62 @@ def test_a_study_gpu_named_by_an_alias_is_labelled_by_its_catalog_key():
     study = parse_study(STUDY.format(name="t", hardware="").replace('"h100-sxm-80gb"', '["H100", "h200"]'))
     assert study.axes["gpu"] == ("h100-sxm-80gb", "h200-sxm-141gb")
     assert set(study.gpus) == {"h100-sxm-80gb", "h200-sxm-141gb"}
+
+
+def _results(edit):
+    """Two configurations in the variables and attributes ``report`` reads, ``edit`` applied."""
+    import xarray as xr
+
+    codes = {"flag_values": np.array([0, 1], dtype=np.int8), "flag_meanings": "h100-sxm-80gb a100-sxm-80gb"}
+    ds = xr.Dataset(
+        {
+            "gpu": ("config", np.array([0, 1], dtype=np.int8), codes),
+            "feasible": ("config", np.array([1, 1], dtype=np.int8)),
+            "step_time_s": ("config", np.array([1.0, 2.0])),
+            **{k: ("config", np.array([3.0, 4.0])) for k in ("time_to_train_s", "cost_usd", "energy_kWh")},
+        },
+        attrs={"study_name": "t", "objectives": "time_to_train_s cost_usd", "objective_senses": "min min"},
+    )
+    edit(ds)
+    return ds
+
+
+def test_a_bom_toml_file_reads_as_its_text(tmp):
+    """An editor's byte-order mark before a study, catalog or plan file was refused as 'Invalid
+    statement (at line 1, column 1)'; the Megatron and CSV readers already read past it."""
+    from dse.study import load_study
+    from hetersim.catalog import load_catalog
+    from hetersim.hplan import read_plan_file
+
+    study = tmp / "bom_study.toml"
+    study.write_text("\ufeff" + STUDY.format(name="bom", hardware=""), encoding="utf-8")
+    assert load_study(study).name == "bom"
+    (tmp / "bom_catalog.toml").write_text("\ufeff" + MODEL, encoding="utf-8")
+    assert load_catalog([tmp / "bom_catalog.toml"]).model("m")["layers"] == 4
+    plan = '\ufeffglobal_batch = 8\n[[stage]]\nlayers = 32\nreplicas = [{ gpu = "h100-sxm-80gb", tp = 8, count = 1 }]\n'
+    (tmp / "bom_plan.toml").write_text(plan, encoding="utf-8")
+    assert read_plan_file(tmp / "bom_plan.toml").options["global_batch"] == 8
+
+
+def test_a_runs_field_past_the_csv_modules_limit_is_read(tmp):
+    """A 300 kB notes field ended validate and calibrate in a _csv.Error traceback (csv's 128 KiB
+    field limit)."""
+    from hetersim.fit.runs import read_runs
+
+    lines = (tmp / "runs.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    row = next(csv.reader([lines[1]]))
+    row[header.index("notes")] = "x" * 300_000
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows([header, row])
+    (tmp / "long.csv").write_text(buffer.getvalue())
+    assert len(read_runs(tmp / "long.csv")[0].fields["notes"]) == 300_000
+
+
+def test_a_mixed_plans_layout_line_leaves_out_the_fields_its_stages_set():
+    """evaluate --cluster with --layers-per-stage printed 'tpNone ppNone dpNone'."""
+    args = [*EVAL[:3], "--cluster", "h100-sxm-80gb:4,a100-sxm-80gb:4", "--pp", "2", *EVAL[5:], "--layers-per-stage"]
+    result = CliRunner().invoke(app, [*args, "16,16"])
+    assert result.exit_code == 0, result.output
+    layout = next(line for line in result.stdout.splitlines() if line.startswith("layout:"))
+    assert "None" not in layout and "gb8" in layout

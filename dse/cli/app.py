@@ -8,6 +8,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -103,6 +104,8 @@ def _empty_value(command: Any, rest: list[str]) -> str:
         for _, name, value in _given(rest, param.opts):
             if not value.strip():
                 return f"{name} is empty; give {'a path' if 'Path' in kind else 'a value'}"
+    if any(not token.strip() for token in rest):  # no option's value (those were checked): an argument
+        return "an argument is empty; give the path it names"
     return ""
 
 
@@ -228,6 +231,7 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            _plain_paths(kwargs)
             return fn(*args, **kwargs)
         except USER_ERRORS as error:
             fail(error)
@@ -235,6 +239,15 @@ def user_errors(fn: F) -> F:
             fail(path_error(error))
 
     return wrapper  # type: ignore[return-value]
+
+
+def _plain_paths(kwargs: dict[str, Any]) -> None:
+    """A path the user gave that names a device, a pipe or a socket: read, it could block for ever
+    (a FIFO); written, it would be replaced by a file (``/dev/null``). Refused before any work."""
+    for value in kwargs.values():
+        for path in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(path, Path) and path.exists() and not (path.is_file() or path.is_dir()):
+                raise ValueError(f"{path}: not a regular file (a device, pipe or socket); give a file")
 
 
 def positive(flag: str, value: int | float | None, hi: float = math.inf) -> None:

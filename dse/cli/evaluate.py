@@ -66,6 +66,13 @@ def configuration(
     if plan_file is None and (rest.get("gpu") is None and gpu is None) == (rest.get("cluster") is None):
         raise ValueError("give one of --gpu KIND or --cluster KIND:N,KIND:N")
     catalog = load_catalog(list(catalog_files))
+    if rest.get("cluster") is not None:  # its kinds named with the flag (the engine's error names none)
+        from hetersim import hplan
+
+        try:
+            [catalog.key("gpus", kind) for kind, _ in hplan.parse_cluster_groups(rest["cluster"])]
+        except ValueError as error:
+            raise ValueError(f"--cluster {rest['cluster']}: {str(error).removeprefix('cluster: ')}") from None
     if system is not None:
         if rest.get("cluster") is not None:
             raise ValueError("--system describes one device kind (--gpu KIND), not the kinds of --cluster")

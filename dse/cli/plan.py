@@ -64,22 +64,7 @@ def plan(**options: Any) -> None:
     if study is not None:
         return _study(study, model, cluster, out, options)
     budget, kinds, trials, seed = (options.pop(k) for k in ("budget", "kinds", "trials", "seed"))
-    if trials < 0:
-        raise ValueError(f"--trials must be >= 0 (0: every mix); got {trials}")
-    if trials and budget is None:
-        raise ValueError("--trials searches the mixes a budget buys: give it with --budget and --kinds")
-    if (budget is None) != (kinds is None):
-        raise ValueError("--budget and --kinds go together (the kinds a budget may buy)")
-    if budget is not None and cluster is not None:
-        raise ValueError("give --cluster (a mix you have) or --budget with --kinds (a mix to buy), not both")
-    if model is None or (cluster is None and budget is None):
-        raise ValueError("give --model and --cluster (or --budget with --kinds, or --study FILE)")
-    if budget is not None and not budget > 0:
-        raise ValueError(f"--budget must be a positive $ per hour; got {budget}")
-    if kinds is not None and not any(k.strip() for k in kinds.split(",")):
-        raise ValueError(f"--kinds must name one or more device kinds, KIND,KIND; got {kinds!r}")
-    if seed and not trials:
-        raise ValueError("--seed seeds the sampler of --trials; give --trials N with it or leave it out")
+    _check_search(model, cluster, budget, kinds, trials, seed)
     catalog = load_catalog(list(options.pop("catalog_files")))
     if top < 1:
         raise ValueError(f"--top must be a positive integer; got {top}")
@@ -138,6 +123,28 @@ def plan(**options: Any) -> None:
     con.print(text, markup=False, highlight=False)
 
 
+def _check_search(model, cluster, budget, kinds, trials: int, seed) -> None:
+    """The search flags together: a mix you have (``--cluster``) or one a budget buys."""
+    if trials < 0:
+        raise ValueError(f"--trials must be >= 0 (0: every mix); got {trials}")
+    if trials and budget is None:
+        raise ValueError("--trials searches the mixes a budget buys: give it with --budget and --kinds")
+    if (budget is None) != (kinds is None):
+        raise ValueError("--budget and --kinds go together (the kinds a budget may buy)")
+    if budget is not None and cluster is not None:
+        raise ValueError("give --cluster (a mix you have) or --budget with --kinds (a mix to buy), not both")
+    if model is None or (cluster is None and budget is None):
+        raise ValueError("give --model and --cluster (or --budget with --kinds, or --study FILE)")
+    if budget is not None and not budget > 0:
+        raise ValueError(f"--budget must be a positive $ per hour; got {budget}")
+    if kinds is not None and not any(k.strip() for k in kinds.split(",")):
+        raise ValueError(f"--kinds must name one or more device kinds, KIND,KIND; got {kinds!r}")
+    if seed is not None and not 0 <= seed < 2**32:  # Optuna's samplers (NumPy's seed range)
+        raise ValueError(f"--seed must be between 0 and 2**32 - 1; got {seed}")
+    if seed and not trials:
+        raise ValueError("--seed seeds the sampler of --trials; give --trials N with it or leave it out")
+
+
 def _study(study: Path, model, cluster, out, options: dict[str, Any]) -> None:
     """``--study``: every cluster's best plan, and the report (``options``: the command's others,
     which the file gives: the model, the clusters, the plan fields and how many to rank)."""
@@ -163,7 +170,13 @@ def _budget(catalog, label, entry, search, rest, top, out, as_json) -> None:
 
     budget, kinds, trials, seed = search
 
-    names = [k.strip() for k in kinds.split(",") if k.strip()]
+    names = [k.strip() for k in kinds.split(",")]
+    try:
+        keys = [catalog.key("gpus", k) for k in names if k]
+    except ValueError as error:
+        raise ValueError(f"--kinds {kinds}: {error}") from None
+    if "" in names or len(set(keys)) < len(names):
+        raise ValueError(f"--kinds must name distinct device kinds, KIND,KIND; got {kinds!r}")
     table = [
         (k, float(catalog.gpu(k)["price_usd_per_hour"]), node)
         for k, _, node in hsearch.mix_of(catalog, dict.fromkeys(names, 0))

@@ -6,6 +6,7 @@ sweep keeps the finished chunks and exits 130.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -267,8 +268,9 @@ def sweep_cmd(
         if stream is False:
             raise ValueError("--top-k applies to a streamed sweep; --no-stream keeps every configuration")
         stream = True  # a study below the streaming threshold streams when asked for its top k
-    if workers < 0:
-        raise ValueError(f"--workers must be >= 0; got {workers}")
+    most = 4 * (os.cpu_count() or 1)  # a local cluster's workers are processes on this machine
+    if not 0 <= workers <= most:
+        raise ValueError(f"--workers must be from 0 to {most} (4 per CPU of this machine); got {workers}")
     sweep_command(study, out, chunk, scheduler, workers, as_json, stream=stream, top_k=top_k)
 
 

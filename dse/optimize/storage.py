@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dse.atomic import check_target
 from dse.search_space import SearchSpace
 
 SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
@@ -118,6 +119,7 @@ def check_storage(storage: str | None) -> None:
         raise ValueError(f"--storage {storage}: folder {parent} does not exist")
     if Path(storage).is_dir():
         raise ValueError(f"--storage {storage}: is a folder; give a journal file path")
+    check_target(Path(storage).expanduser(), "--storage")  # a device, or a folder no file can be made in
     _check_journal(Path(storage).expanduser(), storage)
 
 

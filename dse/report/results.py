@@ -64,9 +64,21 @@ def _check_attrs(ds) -> None:
             value = ds.attrs.get(key)
             if not isinstance(value, int | np.integer) or value < 0:
                 raise ValueError(f"streamed, but its {key} attribute is {value!r}, not a count")
-    bad = [x for x in str(ds.attrs.get("objective_senses", "")).split() if x not in ("min", "max")]
-    if bad:
-        raise ValueError(f"objective_senses must be 'min' or 'max' for each objective; got {bad[0]!r}")
+    names, given = str(ds.attrs.get("objectives", "time_to_train_s cost_usd")).split(), ds.attrs.get("objective_senses")
+    senses = str(given or "").split()
+    if not names:
+        raise ValueError("its objectives attribute names no metric")
+    bad = [x for x in senses if x not in ("min", "max")]
+    if bad or (given is not None and len(senses) != len(names)):
+        got = bad[0] if bad else f"{len(senses)} senses for {len(names)} objectives"
+        raise ValueError(f"objective_senses must be 'min' or 'max' for each objective; got {got!r}")
+    drawn = dict.fromkeys([*REQUIRED, *names, *(v for v in ds.data_vars if v in METRICS)])
+    for name in drawn:  # what the fronts and tables read: one number per configuration
+        var = ds[name]
+        if var.dims != ("config",) or not np.issubdtype(var.dtype, np.number) and var.dtype != bool:
+            raise ValueError(f"{name} must be numbers along config; it is {var.dtype} over {var.dims}")
+        if name in (*REQUIRED[1:], *names) and bool(np.any(np.asarray(var.values, dtype=float) < 0)):
+            raise ValueError(f"{name} holds negative values; every metric it reports is >= 0")
 
 
 def _objectives(ds) -> tuple[tuple[str, ...], tuple[str, ...]]:

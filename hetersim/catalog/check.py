@@ -224,7 +224,7 @@ def read_document(path: Path, origin: str, kind: str, parse, decode_error: type[
     """``parse(text)`` of the file at ``path`` (TOML or JSON, named ``kind`` in errors), with one
     one-line ``ValueError`` naming ``origin`` for every way reading it can fail."""
     try:
-        return parse(path.read_bytes().decode("utf-8"))
+        return parse(path.read_bytes().decode("utf-8-sig"))  # an editor's byte-order mark is no statement
     except FileNotFoundError:
         raise _fail(origin, "not found") from None
     except IsADirectoryError:

@@ -55,8 +55,7 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     """
     stacks = load_stacks() if stacks is None else stacks
     path = Path(path)
-    text = read_text(path, "runs")
-    reader = csv.DictReader(io.StringIO(text, newline=""))  # quoted fields may hold newlines
+    reader = csv_records(read_text(path, "runs"))
     reader.fieldnames = [f.strip() for f in reader.fieldnames or []]
     twice = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
     if twice:  # csv.DictReader keeps the last column of a name silently
@@ -82,6 +81,14 @@ def read_runs(path: str | Path, stacks: Sequence[Stack] | None = None) -> list[R
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows
+
+
+def csv_records(text: str) -> csv.DictReader:
+    """The records of a CSV text (quoted fields may hold newlines). csv's field limit (128 KiB), a
+    guard for unbounded input, is raised to the text's length: a long ``notes`` field is read,
+    never a ``_csv.Error`` traceback."""
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
+    return csv.DictReader(io.StringIO(text, newline=""))
 
 
 def read_text(path: Path, what: str) -> str:

@@ -7,9 +7,7 @@ per-GPU memory of ``data/published_memory.csv``.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -26,6 +24,7 @@ from ..specs.plan import host_plan
 from .runs import (
     Row,
     candidates,
+    csv_records,
     cxl_defaults,
     default_runs_path,
     measured_step_time,
@@ -250,7 +249,7 @@ def _component(out, i: int, component: str) -> float | None:
 
 def memory_records(path: Path) -> list[dict[str, str]]:
     """The rows of a published-memory CSV, its header checked (one-line errors)."""
-    recs = list(csv.DictReader(io.StringIO(read_text(path, "memory"), newline="")))
+    recs = list(csv_records(read_text(path, "memory")))
     if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
         raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
     return recs
