@@ -15,23 +15,11 @@ import pytest
 
 from hetersim.catalog import model_from_hf_config
 from tests.test_bad_input import check_refused
+from tests.test_bad_input_files import FOO  # a type transformers does not know: read as written
 from tests.test_hf_config import CALCULON_1T, LLAMA31_8B
 from tests.test_moe import DEEPSEEK_V3, GPT_OSS_120B, MIXTRAL, QWEN3_30B
 
 EVAL = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8", "--model"]
-# A type transformers does not know: the file is read as written.
-FOO = {
-    "model_type": "foo_lm",
-    "hidden_act": "silu",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "max_position_embeddings": 8192,
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "tie_word_embeddings": False,
-    "vocab_size": 128256,
-}
 QWEN2_MOE = {
     "model_type": "qwen2_moe",
     "hidden_size": 2048,
