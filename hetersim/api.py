@@ -119,7 +119,10 @@ def _hardware(catalog, gpu, cluster, n_gpus, overrides):
             entry = apply_overrides("gpus", gpu, entry, dict(overrides), origin="set", catalog=catalog)
         return gpu, entry, None
     if overrides:
-        raise FieldError("{0} applies to one device kind; describe mixed hardware with {1} files", "set", "catalog")
+        raise FieldError(
+            "{0} applies to one device kind, not the kinds of {1}; describe mixed hardware with {2} files",
+            "set", "cluster", "catalog",
+        )  # fmt: skip
     groups = parse_cluster(catalog, cluster)
     total = sum(c for _, c in groups)
     if n_gpus is not None and total != n_gpus:

@@ -136,6 +136,7 @@ CASES = [
         [*EVAL[:4], "a100-sxm-80gb", *EVAL[5:], "--system", str(A100_80G), "--precision", "fp8"],
         ["--precision fp8", "no such peak"],
     ),
+    ("set-with-cluster", [*EVAL[:3], *MIX[2:], *EVAL[5:], "--pp", "2", "--set", "hbm_bw_GBps=100"], ["--cluster"]),
     ("system-with-cluster", [*EVAL[:3], *MIX[2:], *EVAL[5:], "--system", str(A100_80G)], ["--system", "--cluster"]),
     ("system-latency", [*SYSTEM, "{tmp}/sys_latency.json"], ["sys_latency.json", "networks[0].latency", "<= 1e+06"]),
     ("system-size", [*SYSTEM, "{tmp}/sys_size.json"], ["sys_size.json", "networks[0].size 7"]),
