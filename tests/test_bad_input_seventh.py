@@ -50,6 +50,17 @@ SYSTEM = [
     "8",
     "--system",
 ]
+# A fleet with no failures named by a GPU: the fleet's own rule speaks first.
+FLEET_ZERO = """[fleets.f]
+name = "F"
+window_days = 10
+job_gpus = 100
+restart_s = 60
+pfs_GBps = 100
+nvme_GBps = 5
+nvme_capacity_GiB = 1000
+""" + "".join(f"interruptions_{k} = 0\n" for k in ("gpu", "host", "network", "software", "maintenance", "unknown"))
+FLEET_ZERO += '[gpus.h100-sxm-80gb]\nfleet = "f"\n'
 # DeepSpeed configs that give one, two or three of its batch keys (deepspeed/runtime/config.py).
 DS = {
     "ds_accumulation.json": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4},
@@ -88,6 +99,7 @@ def _files(tmp: Path) -> None:
     }.items():
         (tmp / name).write_text(STUDY.format(name="t", hardware=hardware))
     (tmp / "c_fleet.toml").write_text('[gpus.h100-sxm-80gb]\nfleet = "nosuch"\n')
+    (tmp / "c_fleet_zero.toml").write_text(FLEET_ZERO)
     (tmp / "c_topk.toml").write_text(MODEL + "n_experts = 8\nmoe_ffn_hidden = 1024\n")
     (tmp / "c_share.toml").write_text(MODEL + "sliding_window_share = 0.5\n")
     system = json.loads(A100_80G.read_text())
@@ -161,11 +173,14 @@ CASES = [
     ("set-gpus-per-node", [*EVAL, "--set", "gpus_per_node=7"], ["--set", "gpus_per_node 7"]),
     # the seventh fuzz (outputs, files, numeric flags): a pipe or device as a file, an output over
     # an input, unbounded counts, kinds and seeds named by their flag, edited results files
-    ("study-fifo", ["sweep", "{tmp}/fifo.toml"], ["fifo.toml: not a regular file"]),
-    ("catalog-fifo", [*EVAL, "--catalog", "{tmp}/fifo.toml"], ["fifo.toml: not a regular file"]),
-    ("out-fifo", ["validate", "--out", "{tmp}/fifo.toml"], ["fifo.toml: not a regular file"]),
+    ("study-fifo", ["sweep", "{tmp}/fifo.toml"], ["STUDY", "fifo.toml: not a regular file"]),
+    ("catalog-fifo", [*EVAL, "--catalog", "{tmp}/fifo.toml"], ["--catalog", "fifo.toml: not a regular file"]),
+    ("model-fifo", [*EVAL[:2], "{tmp}/fifo.toml", *EVAL[3:]], ["--model", "fifo.toml: not a regular file"]),
+    ("out-fifo", ["validate", "--out", "{tmp}/fifo.toml"], ["--out", "fifo.toml: not a regular file"]),
     ("storage-fifo", [*OPTIMIZE, "--storage", "{tmp}/fifo.toml"], ["--storage", "not a regular file"]),
-    ("argument-empty", ["export", "", "--csv", "{tmp}/t.csv"], ["an argument is empty"]),
+    ("argument-empty", ["export", "", "--csv", "{tmp}/t.csv"], ["PATH is empty"]),
+    ("section-empty", ["catalog", ""], ["SECTION is empty; give a value"]),
+    ("fleet-before-its-gpu", [*EVAL, "--catalog", "{tmp}/c_fleet_zero.toml"], ["fleets.f needs interruptions > 0"]),
     ("validate-out-is-runs", ["validate", "--runs", "{tmp}/runs.csv", "--out", "runs.csv"], ["this command reads"]),
     ("calibrate-out-is-runs", ["calibrate", "--runs", "{tmp}/runs.csv", "--out", "{tmp}/runs.csv"], ["reads"]),
     ("sweep-workers", ["sweep", "{tmp}/small.toml", "--workers", str(2**64)], ["--workers must be from 0 to"]),

@@ -99,14 +99,20 @@ def _empty_value(command: Any, rest: list[str]) -> str:
     for param in getattr(command, "params", ()):
         if param.param_type_name != "option" or getattr(param, "is_flag", False):
             continue
-        described = getattr(param, "type_descriptor", None)  # typer >= 0.28; older: click's own type
-        kind = str(described.annotation) if described else type(getattr(param, "type", None)).__name__
         for _, name, value in _given(rest, param.opts):
             if not value.strip():
-                return f"{name} is empty; give {'a path' if 'Path' in kind else 'a value'}"
+                return f"{name} is empty; give {'a path' if _is_path(param) else 'a value'}"
     if any(not token.strip() for token in rest):  # no option's value (those were checked): an argument
-        return "an argument is empty; give the path it names"
+        arguments = [p for p in getattr(command, "params", ()) if p.param_type_name == "argument"]
+        one = arguments[0] if len(arguments) == 1 else None
+        what = "the path it names" if one is not None and _is_path(one) else "a value"
+        return f"{one.name.upper() if one is not None else 'an argument'} is empty; give {what}"
     return ""
+
+
+def _is_path(param: Any) -> bool:
+    described = getattr(param, "type_descriptor", None)  # typer >= 0.28; older: click's own type
+    return "Path" in (str(described.annotation) if described else type(getattr(param, "type", None)).__name__)
 
 
 def _switch_clash(command: Any, rest: list[str]) -> str:
@@ -243,11 +249,20 @@ def user_errors(fn: F) -> F:
 
 def _plain_paths(kwargs: dict[str, Any]) -> None:
     """A path the user gave that names a device, a pipe or a socket: read, it could block for ever
-    (a FIFO); written, it would be replaced by a file (``/dev/null``). Refused before any work."""
-    for value in kwargs.values():
+    (a FIFO); written, it would be replaced by a file (``/dev/null``). Refused before any work,
+    naming the flag (or the argument) that gave it."""
+    try:  # typer >= 0.2x vendors click (as .options)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - a typer that uses the click package
+        from click import get_current_context
+    ctx = get_current_context(silent=True)
+    params = {p.name: p for p in (ctx.command.params if ctx is not None else ())}
+    for key, value in kwargs.items():
         for path in value if isinstance(value, list | tuple) else (value,):
             if isinstance(path, Path) and path.exists() and not (path.is_file() or path.is_dir()):
-                raise ValueError(f"{path}: not a regular file (a device, pipe or socket); give a file")
+                param = params.get(key)
+                name = param.opts[0] if param is not None and param.param_type_name == "option" else key.upper()
+                raise ValueError(f"{name} {path}: not a regular file (a device, pipe or socket); give a file")
 
 
 def positive(flag: str, value: int | float | None, hi: float = math.inf) -> None:

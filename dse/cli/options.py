@@ -77,6 +77,8 @@ def check_model(
     if model is not None and not model.strip():
         raise ValueError("--model is empty; give a catalog key, a config.json path or a Hugging Face model id")
     if model is not None:
+        if Path(model).exists() and not (Path(model).is_file() or Path(model).is_dir()):  # a FIFO blocks a read
+            raise ValueError(f"--model {model}: not a regular file (a device, pipe or socket); give a config.json")
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")

@@ -156,6 +156,7 @@ def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
     for (section, key), origin in last_origin.items():
         _check_entry(origin, section, key, entries[section][key])
         _check_refs(origin, section, key, entries[section][key], entries["links"])
+    for (section, key), origin in last_origin.items():  # once every entry it names is checked itself
         if section == "gpus" and not origin.startswith(f"catalog file {CATALOG_DIR}"):  # a user's entry
             _check_host_refs(origin, key, entries[section][key], entries)
     return Catalog(**entries)
