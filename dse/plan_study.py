@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dse import atomic
+from hetersim import tomltext
 
 _KEYS = {"name", "description", "model", "clusters", "top", "plan", "catalog"}
 
@@ -18,7 +19,7 @@ def read_plan_study(path: Path) -> dict[str, Any]:
     from hetersim import hplan, planfields
 
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
+        data = tomltext.loads(Path(path).read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise ValueError(f"{path}: cannot read study ({e.strerror})") from None
     except UnicodeDecodeError:

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from dse import hw_params
 from dse.metrics import METRICS
 from dse.study import Study, read_study_text, study_from_mapping
+from hetersim import tomltext
 
 SEARCH_KEYS = ("gpu", "n_gpus", "price", "max_power_kW", "mix")
 RANGE_KEYS = ("low", "high", "step", "log")
@@ -234,7 +235,7 @@ def load_search(path: str | Path) -> SearchSpace:
 
 def parse_search(text: str, origin: str = "<study>", base: Path | None = None) -> SearchSpace:
     try:
-        doc = tomllib.loads(text)
+        doc = tomltext.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise _err(origin, None, f"invalid TOML: {error}") from None
     search = doc.pop("search", {})

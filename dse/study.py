@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dse.metrics import METRICS, constraint_keys, constraint_metric
-from hetersim import hplan, planfields
+from hetersim import hplan, planfields, tomltext
 from hetersim.catalog import Catalog, apply_overrides, load_catalog, model_from_json
 from hetersim.types import ATTENTION, HETERO_MODES, MAX_GROUPS, OFFLOAD_STATE, ORDER, RECOMPUTE, TIER, ZERO_STAGES
 
@@ -131,7 +131,7 @@ def load_study(path: str | Path | None = None, catalog: Catalog | None = None) -
 def parse_study(text: str, origin: str = "<study>", base: Path | None = None, catalog: Catalog | None = None) -> Study:
     """Validate study TOML ``text``; ``origin`` names it in errors, ``base`` resolves ``catalog`` paths."""
     try:
-        doc = tomllib.loads(text)
+        doc = tomltext.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise _err(origin, None, f"invalid TOML: {error}") from None
     return study_from_mapping(doc, text=text, origin=origin, base=base, catalog=catalog)

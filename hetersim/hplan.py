@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from . import jsontext
+from . import jsontext, tomltext
 from .types import decimal_digits, whole_number
 
 BALANCE = ("equal", "speed")
@@ -170,7 +170,7 @@ def read_plan_file(path: str | Path) -> HeteroPlan:
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text (UTF-8) plan file") from None
     try:
-        data = jsontext.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+        data = jsontext.loads(text) if path.suffix.lower() == ".json" else tomltext.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
         kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
         raise ValueError(f"{path}: not valid {kind} ({str(e).splitlines()[0]})") from None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import tomltext
 from .types import Attention, Loss, Stack
 
 __all__ = ["ELEMENTWISE", "EXPERTS", "Profile", "StackTable", "load_profiles", "profile", "switches", "table"]
@@ -95,7 +96,7 @@ def read_stacks_file(path: Path) -> dict:
     """A stacks TOML file (profiles here, published runs' source entries in ``data/``), with
     one-line errors naming it."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomltext.loads(path.read_text(encoding="utf-8-sig"))  # an editor's byte-order mark read past
     except OSError as e:
         raise ValueError(f"{path}: cannot read stacks file ({e.strerror})") from None
     except UnicodeDecodeError:

@@ -310,3 +310,12 @@ def test_a_mixed_plans_layout_line_leaves_out_the_fields_its_stages_set():
     assert result.exit_code == 0, result.output
     layout = next(line for line in result.stdout.splitlines() if line.startswith("layout:"))
     assert "None" not in layout and "gb8" in layout
+
+
+def test_a_toml_error_quotes_the_line_it_names(tmp):
+    """tomllib names a key given twice only by its place ('Cannot overwrite a value (at line 6,
+    column 22)'): the line is quoted, which names the key."""
+    (tmp / "twice.toml").write_text(STUDY.format(name="t", hardware='gpu = "a100-sxm-80gb"'))
+    check_refused(tmp, ["sweep", "{tmp}/twice.toml"], ["twice.toml", "Cannot overwrite a value", "'gpu = \"a100"])
+    (tmp / "plan_twice.toml").write_text("global_batch = 8\nglobal_batch = 9\n")
+    check_refused(tmp, [*EVAL[:3], "--plan", "{tmp}/plan_twice.toml"], ["'global_batch = 9'"])

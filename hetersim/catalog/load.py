@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import tomltext
 from .check import (
     _check_complete,
     _check_entry,
@@ -28,7 +29,7 @@ CATALOG_DIR = Path(__file__).resolve().parent
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    return read_document(path, f"catalog file {path}", "TOML", tomllib.loads, tomllib.TOMLDecodeError, "a TOML file")
+    return read_document(path, f"catalog file {path}", "TOML", tomltext.loads, tomllib.TOMLDecodeError, "a TOML file")
 
 
 @functools.cache
