@@ -123,3 +123,27 @@ def test_a_piped_evaluate_prints_all_of_its_json_and_a_bad_one_exits_2():
     assert json.loads(ok.stdout)["step_time_s"] > 0
     bad = subprocess.run([*base, "--global-batch", "8", "--tp", "3"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+
+
+def test_a_ctrl_c_that_python_wrapped_is_still_one_line():
+    """A KeyboardInterrupt raised in a class body's ``__set_name__`` (rich.progress's dataclasses,
+    imported as a sweep starts) reaches the app as a RuntimeError caused by it: a traceback in CI
+    (test above, delay 0). It is an interrupt, one line and exit 130; another RuntimeError is not."""
+    import typer
+    from typer.testing import CliRunner
+
+    from dse.cli.app import OneLineErrors
+
+    def wrapped() -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as error:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'fields' in 'Task'") from error
+
+    demo = typer.Typer(cls=OneLineErrors)
+    demo.command("wrapped")(wrapped)
+    demo.command("plain")(lambda: (_ for _ in ()).throw(RuntimeError("a bug")))
+    result = CliRunner().invoke(demo, ["wrapped"])
+    assert result.exit_code == interrupt.INTERRUPTED_EXIT and result.stderr.strip() == "interrupted"
+    result = CliRunner().invoke(demo, ["plain"])
+    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "a bug"

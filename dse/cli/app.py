@@ -62,12 +62,28 @@ class OneLineErrors(TyperGroup):
             if message:
                 typer.echo(message, err=True)
             exit_now(INTERRUPTED_EXIT)
+        except RuntimeError as error:  # Ctrl-C inside a class body's __set_name__ (an import): wrapped
+            if not (standalone_mode and _from_interrupt(error)):
+                raise
+            typer.echo("interrupted", err=True)
+            exit_now(INTERRUPTED_EXIT)
         if rv == INTERRUPTED_EXIT and interrupted() and standalone_mode:  # typer's exit for a KeyboardInterrupt
             typer.echo("interrupted", err=True)
             exit_now(INTERRUPTED_EXIT)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv
+
+
+def _from_interrupt(error: BaseException) -> bool:
+    """Whether a KeyboardInterrupt caused ``error``: Python wraps one raised in a class body's
+    ``__set_name__`` (``rich.progress``'s dataclasses, imported mid-command) in a RuntimeError."""
+    seen = error.__cause__ or error.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _given_twice(group: Any, argv: list[str]) -> str:

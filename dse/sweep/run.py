@@ -70,16 +70,15 @@ def run_sweep(
         _connect(scheduler).close()
     if stream is None:
         stream = job.space.size >= STREAM_THRESHOLD
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    bar = _progress(console, progress)  # rich.progress imported before the manifest is written
     job.path.parent.mkdir(parents=True, exist_ok=True)
     sink: _FullSink | _StreamSink = _StreamSink(job, top_k) if stream else _FullSink(job)
     done = sink.done()
     todo = [i for i in range(job.n_chunks) if i not in done]
     resumed = sum(job.rows(i) for i in done)
-
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    bar = _progress(console, progress)
     payload = (job.tables, job.cal, job.chunk, job.space.kinds, job.space.size)
     local = scheduler is None and not workers
     try:
