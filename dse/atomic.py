@@ -95,10 +95,17 @@ def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None]
         raise ValueError(f"{what} {path} is a file this command reads; give the output its own file")
     if path.is_dir():
         raise ValueError(f"{what} {path}: is a folder; give a file path")
-    if path.exists() and not path.is_file():  # a device or a pipe: os.replace would put a file there
-        raise ValueError(f"{what} {path}: not a regular file (a device, pipe or socket); give a file path")
+    check_plain(path, what, "a file path")
     _check_ancestor(path.parent, path, what)
     return path
+
+
+def check_plain(path: str | Path, what: str, give: str = "a file") -> None:
+    """A one-line ``ValueError`` naming ``what`` if ``path`` is a device, a pipe or a socket: read,
+    it may block for ever (a FIFO); written, ``os.replace`` would put a file there (``/dev/null``)."""
+    path = Path(path)
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise ValueError(f"{what} {path}: not a regular file (a device, pipe or socket); give {give}")
 
 
 def check_folder(path: str | Path, what: str) -> Path:

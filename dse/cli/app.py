@@ -267,18 +267,32 @@ def _plain_paths(kwargs: dict[str, Any]) -> None:
     """A path the user gave that names a device, a pipe or a socket: read, it could block for ever
     (a FIFO); written, it would be replaced by a file (``/dev/null``). Refused before any work,
     naming the flag (or the argument) that gave it."""
-    try:  # typer >= 0.2x vendors click (as .options)
+    from dse.atomic import check_plain
+
+    ctx = context()
+    params = {p.name: p for p in (ctx.command.params if ctx is not None else ())}
+    for key, value in kwargs.items():
+        param = params.get(key)
+        name = param.opts[0] if param is not None and param.param_type_name == "option" else key.upper()
+        for path in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(path, Path):
+                check_plain(path, name)
+
+
+def context():
+    """The running command's click context (None outside a command)."""
+    try:  # typer >= 0.2x vendors click (:data:`click`)
         from typer._click.globals import get_current_context
     except ImportError:  # pragma: no cover - a typer that uses the click package
         from click import get_current_context
-    ctx = get_current_context(silent=True)
-    params = {p.name: p for p in (ctx.command.params if ctx is not None else ())}
-    for key, value in kwargs.items():
-        for path in value if isinstance(value, list | tuple) else (value,):
-            if isinstance(path, Path) and path.exists() and not (path.is_file() or path.is_dir()):
-                param = params.get(key)
-                name = param.opts[0] if param is not None and param.param_type_name == "option" else key.upper()
-                raise ValueError(f"{name} {path}: not a regular file (a device, pipe or socket); give a file")
+    return get_current_context(silent=True)
+
+
+def check_seed(seed: int | None) -> None:
+    """A one-line ``ValueError`` unless ``seed`` (None: not given) is one NumPy's and Optuna's
+    samplers take: 0 to 2**32 - 1."""
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ValueError(f"--seed must be between 0 and 2**32 - 1; got {seed}")
 
 
 def positive(flag: str, value: int | float | None, hi: float = math.inf) -> None:

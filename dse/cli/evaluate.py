@@ -20,6 +20,7 @@ from .options import (
     FIELD_FLAGS,
     apply_recipe,
     check_model,
+    cluster_error,
     fold_switches,
     pairs,
     with_flag,
@@ -72,7 +73,7 @@ def configuration(
         try:
             [catalog.key("gpus", kind) for kind, _ in hplan.parse_cluster_groups(rest["cluster"])]
         except ValueError as error:
-            raise ValueError(f"--cluster {rest['cluster']}: {str(error).removeprefix('cluster: ')}") from None
+            raise cluster_error(rest["cluster"], error) from None
     if system is not None:
         if rest.get("cluster") is not None:
             raise ValueError("--system describes one device kind (--gpu KIND), not the kinds of --cluster")

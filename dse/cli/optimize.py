@@ -18,7 +18,7 @@ from dse import format as fmt
 from hetersim import planfields
 from hetersim.units import DAY
 
-from .app import Interrupted, app, positive, show_progress, user_errors
+from .app import Interrupted, app, check_seed, positive, show_progress, user_errors
 
 MAX_TRIALS = 10**7  # trials a study may hold
 MAX_BATCH = 1 << 16  # trials asked and solved in one vectorized call
@@ -253,6 +253,5 @@ def optimize_cmd(
     positive("--batch", batch, hi=MAX_BATCH)
     if trials > MAX_TRIALS:
         raise ValueError(f"--trials must be an integer from 0 to {MAX_TRIALS:,}; got {trials:,}")
-    if seed is not None and not 0 <= seed < 2**32:  # numpy's and Optuna's samplers take these
-        raise ValueError(f"--seed must be between 0 and 2**32 - 1; got {seed}")
+    check_seed(seed)
     optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)

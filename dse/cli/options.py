@@ -13,13 +13,14 @@ from typing import Any
 
 import typer
 
+from dse import atomic
 from hetersim.api import FROM_MODEL
 from hetersim.catalog import model_entry, model_from_dims
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
 from hetersim.recipe import MEGATRON_MODEL_FLAGS
 from hetersim.types import FieldError
 
-from .app import positive
+from .app import context, positive
 
 # Field names (hetersim.planfields and hetersim.api's options) -> the CLI flag that sets them.
 FIELD_FLAGS = {
@@ -41,6 +42,12 @@ FIELD_FLAGS = {
 }
 TIER_FLAGS = {name: "--" + name.replace("_", "-") for name in ("cxl_expander", "cxl_pool", "cxl_p2p", "offload")}
 _TIER_FIELD = re.compile(r"(?<![\w.-])(" + "|".join(TIER_FLAGS) + r")(?![\w-])")
+
+
+def cluster_error(cluster: str, error: ValueError) -> ValueError:
+    """An error of ``--cluster``'s parser or its kinds (``hplan.parse_cluster_groups``, a catalog
+    lookup) named by the flag and its value."""
+    return ValueError(f"--cluster {cluster}: {str(error).removeprefix('cluster: ')}")
 
 
 def with_flag(error: ValueError) -> ValueError:
@@ -77,8 +84,7 @@ def check_model(
     if model is not None and not model.strip():
         raise ValueError("--model is empty; give a catalog key, a config.json path or a Hugging Face model id")
     if model is not None:
-        if Path(model).exists() and not (Path(model).is_file() or Path(model).is_dir()):  # a FIFO blocks a read
-            raise ValueError(f"--model {model}: not a regular file (a device, pipe or socket); give a config.json")
+        atomic.check_plain(model, "--model", "a config.json")  # a name that may be a path
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise ValueError(f"--model cannot be combined with model dimensions ({flags})")
@@ -108,19 +114,10 @@ def check_model(
 _DIMS_ERROR = re.compile(r"^model_from_dims: models\.[^ ]+?\.(\w+)(?= )")
 
 
-def _context():
-    """The running command's click context (None outside a command)."""
-    try:  # typer >= 0.2x vendors click (as in .app)
-        from typer._click.globals import get_current_context
-    except ImportError:  # pragma: no cover - a typer that uses the click package
-        from click import get_current_context
-    return get_current_context(silent=True)
-
-
 def given(name: str) -> bool:
     """Whether the running command's parameter ``name`` was given on the command line (not its
     default)."""
-    ctx = _context()
+    ctx = context()
     source = ctx.get_parameter_source(name) if ctx is not None else None
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
@@ -128,7 +125,7 @@ def given(name: str) -> bool:
 def given_flags(names) -> list[str]:
     """The flags (as written in help) of the running command's parameters in ``names`` that were
     given on the command line."""
-    ctx = _context()
+    ctx = context()
     params = ctx.command.params if ctx is not None else []
     return [p.opts[0] for p in params if p.name in names and given(p.name)]
 

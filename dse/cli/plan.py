@@ -10,8 +10,8 @@ from dse import atomic
 from dse import format as fmt
 from hetersim.catalog import load_catalog
 
-from .app import app, status, user_errors
-from .options import PLAN_OPTIONS, fold_switches, given_flags, with_flag, with_options
+from .app import app, check_seed, status, user_errors
+from .options import PLAN_OPTIONS, cluster_error, fold_switches, given_flags, with_flag, with_options
 
 _OWN_LAYOUT = ("gpus", "tp", "pp", "dp", "vp", "ep", "etp")  # the search chooses or fixes these
 OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
@@ -86,7 +86,7 @@ def plan(**options: Any) -> None:
     try:
         mix = hsearch.mix_of(catalog, hplan.parse_cluster_counts(cluster))
     except ValueError as error:
-        raise ValueError(f"--cluster {cluster}: {error}") from None
+        raise cluster_error(cluster, error) from None
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     try:
         api.shared_plan(catalog, [k for k, _, _ in mix], rest, seq)
@@ -139,8 +139,7 @@ def _check_search(model, cluster, budget, kinds, trials: int, seed) -> None:
         raise ValueError(f"--budget must be a positive $ per hour; got {budget}")
     if kinds is not None and not any(k.strip() for k in kinds.split(",")):
         raise ValueError(f"--kinds must name one or more device kinds, KIND,KIND; got {kinds!r}")
-    if seed is not None and not 0 <= seed < 2**32:  # Optuna's samplers (NumPy's seed range)
-        raise ValueError(f"--seed must be between 0 and 2**32 - 1; got {seed}")
+    check_seed(seed)
     if seed and not trials:
         raise ValueError("--seed seeds the sampler of --trials; give --trials N with it or leave it out")
 

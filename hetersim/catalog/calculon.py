@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsontext
-from .check import _check_entry, _check_refs, _fail, _parse_fragment, read_document
+from .check import _check_entry, _check_refs, _fail, _parse_fragment, fits_nodes, read_document
 from .schema import MAX_NUMBER, Entry, _is_number
 
 CALCULON_COMMIT = "caa4b11f8fe1fee3ba57adaacb7590d7deabd053"
@@ -214,7 +214,7 @@ def calculon_device(path: str | Path, base: Entry) -> tuple[Entry, dict[str, Ent
     put("host_dram_GiB", system["mem2"][0] * per_node, f"mem2.GiB x gpus_per_node {per_node}")
     put("host_path_GBps", system["mem2"][1] * per_node, f"mem2.GBps x gpus_per_node {per_node}")
     up, out = system["networks"]
-    if up["size"] % per_node and per_node % up["size"]:  # the catalog's rule (check._check_node), by the file's key
+    if not fits_nodes(up["size"], per_node):  # the catalog's rule, named by the file's key
         raise _fail(
             f"Calculon system file {path}",
             f"networks[0].size {up['size']} neither divides nor is whole nodes of {base['name']}'s {per_node} GPUs",

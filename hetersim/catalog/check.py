@@ -98,11 +98,16 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
             raise _fail(origin, f"{label} needs interruptions > 0 (a failure rate must be positive), all are 0")
 
 
+def fits_nodes(domain: int, node: int) -> bool:
+    """A scale-up domain of ``domain`` GPUs is whole nodes of ``node`` or a part of one dividing it."""
+    return domain % node == 0 or node % domain == 0
+
+
 def _check_node(origin: str, label: str, entry: Entry) -> None:
     """A scale-up domain is whole nodes (NVL72: 18 nodes of 4) or a part of one that divides it
     (a PCIe machine's 1 of 8); a clock held under the power limit is at most the boost clock."""
     domain, node = entry.get("scaleup_domain"), entry.get("gpus_per_node")
-    if domain and node and domain % node and node % domain:
+    if domain and node and not fits_nodes(domain, node):
         raise _fail(
             origin, f"{label}.scaleup_domain {domain} neither divides nor is whole nodes of gpus_per_node {node}"
         )
