@@ -85,6 +85,15 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding=encoding))
 
 
+def nc_target(out: str | Path, name: str) -> Path:
+    """Where ``--out`` puts a results file called ``name``: ``out`` itself when it names a ``.nc``
+    file, else the folder ``out``'s ``name``. Written with a trailing separator (``r.nc/``),
+    ``out`` is a folder whatever its name (``Path`` drops the separator: read it as given)."""
+    folder = isinstance(out, str) and out.endswith(("/", os.sep))
+    path = Path(out)
+    return path if path.suffix == ".nc" and not folder else path / name
+
+
 def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None] = ()) -> Path:
     """A one-line ``ValueError`` naming ``what`` (a flag) unless file ``path`` can be written: it
     is not a folder, not one of the files the command ``reads``, and its nearest existing ancestor

@@ -46,20 +46,8 @@ def open_results(path: str | Path, *, grid: bool = False):
     does not divide, rows a streamed sweep did not keep) NaN. One-line ``ValueError`` for a file
     that is not a results dataset.
     """
-    import xarray as xr
-
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such results file")
-    try:
-        ds = xr.open_dataset(path)  # lazy: the columns are read to decode and index them, the rest on use
-    except Exception as error:  # netCDF4/h5netcdf/scipy raise different types for a non-netCDF file
-        reason = " ".join(str(error).split())[:200]
-        raise ValueError(f"{path}: not a netCDF results dataset ({type(error).__name__}: {reason})") from None
-    dim = next((d for d in RECORD_DIMS if d in ds.dims), None)
-    if dim is None:
-        ds.close()
-        raise ValueError(f"{path}: not a HeterSim results dataset (no 'config' or 'trial' dimension)")
+    ds, dim = open_file(path)
     try:
         ds = decode_names(ds, dim)
     except ValueError as error:
@@ -75,6 +63,27 @@ def open_results(path: str | Path, *, grid: bool = False):
     if dim != "config":
         raise ValueError(f"{path}: grid=True needs a sweep file; an optimize file samples its space (use ds.sel)")
     return unstack(ds, dim, levels, path)
+
+
+def open_file(path: Path, missing: str = ""):
+    """``(dataset, record dimension)`` of results file ``path``, opened lazily (the columns are read
+    to decode and index them, the rest on use); one-line ``ValueError`` for a path that is no file
+    (``missing`` says how to make it), a file netCDF cannot read, or a dataset with neither record
+    dimension. The API's :func:`open_results` and the report's reader both start here."""
+    import xarray as xr
+
+    if not path.is_file():
+        raise ValueError(f"{path}: no such results file{missing}")
+    try:
+        ds = xr.open_dataset(path)
+    except Exception as error:  # netCDF4/h5netcdf/scipy raise different types for a non-netCDF file
+        reason = " ".join(str(error).split())[:200]
+        raise ValueError(f"{path}: not a netCDF results dataset ({type(error).__name__}: {reason})") from None
+    dim = next((d for d in RECORD_DIMS if d in ds.dims), None)
+    if dim is None:
+        ds.close()
+        raise ValueError(f"{path}: not a HeterSim results dataset (no 'config' or 'trial' dimension)")
+    return ds, dim
 
 
 def check_codes(ds, dim: str) -> None:

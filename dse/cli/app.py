@@ -106,7 +106,7 @@ def _given_twice(group: Any, argv: list[str]) -> str:
         ]
         if len({v for _, v in seen}) > 1:
             return f"{seen[0][0]} and {seen[-1][0]} contradict each other; give one"
-    return _switch_clash(command, rest) or _empty_value(command, rest)
+    return _switch_clash(command, rest) or _empty_value(command, rest) or _digit_groups(command, rest)
 
 
 def _empty_value(command: Any, rest: list[str]) -> str:
@@ -126,9 +126,29 @@ def _empty_value(command: Any, rest: list[str]) -> str:
     return ""
 
 
-def _is_path(param: Any) -> bool:
+def _digit_groups(command: Any, rest: list[str]) -> str:
+    """A number with underscores (``--tp 1_0``): Python's ``int`` and ``float``, which click's
+    number types call, read it as 10, a typo taken for a layout nobody asked for."""
+    for param in getattr(command, "params", ()):
+        if param.param_type_name == "option" and _is_number(param):
+            for _, name, value in _given(rest, param.opts):
+                if "_" in value:
+                    return f"{name} {value} is not a number: write it with digits only (no '_')"
+    return ""
+
+
+def _type_name(param: Any) -> str:
     described = getattr(param, "type_descriptor", None)  # typer >= 0.28; older: click's own type
-    return "Path" in (str(described.annotation) if described else type(getattr(param, "type", None)).__name__)
+    return str(described.annotation) if described else type(getattr(param, "type", None)).__name__
+
+
+def _is_path(param: Any) -> bool:
+    return "Path" in _type_name(param) or getattr(param, "metavar", None) == "PATH"
+
+
+def _is_number(param: Any) -> bool:
+    name = _type_name(param)  # "<class 'int'>", "int | None"; click's IntParamType, FloatRange, ...
+    return any(word in name for word in ("int", "float", "Int", "Float"))
 
 
 def _switch_clash(command: Any, rest: list[str]) -> str:

@@ -241,7 +241,7 @@ def optimize_cmd(
         help="Sampler seed; the same seed reproduces a run [default: 0; with --storage a fresh seed per worker, "
         "so workers sharing a study sample different points (the summary prints it)].",
     ),
-    out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
+    out: str = typer.Option("results", "--out", metavar="PATH", help="Output folder, or a .nc path."),
     storage: str | None = typer.Option(
         None, "--storage", help="Journal file or RDB URL (sqlite:///x.db, postgresql://...) shared by workers."
     ),

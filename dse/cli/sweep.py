@@ -246,7 +246,7 @@ def _print_chunk_table(con, result: Mapping[str, Any]) -> None:
 @user_errors
 def sweep_cmd(
     study: Path | None = typer.Argument(None, help="Study TOML [default: the packaged default study]."),
-    out: Path = typer.Option(Path("results"), "--out", help="Output folder, or a .nc path."),
+    out: str = typer.Option("results", "--out", metavar="PATH", help="Output folder, or a .nc path."),
     chunk: int = typer.Option(16384, "--chunk", help="Configurations per compiled batch (dse.sweep.DEFAULT_CHUNK)."),
     scheduler: str | None = typer.Option(None, "--scheduler", help="Dask scheduler address (tcp://host:8786)."),
     workers: int = typer.Option(0, "--workers", help="Start a local Dask cluster with N workers."),

@@ -31,9 +31,8 @@ Data = dict[str, tuple[Any, ...]]  # variable name -> (dims, values, attributes)
 
 def output_path(out: str | Path, name: str) -> Path:
     """``out`` itself when it ends in ``.nc``, else ``out/<name>.optimize.nc`` (``t.nc`` names
-    ``t.optimize.nc``)."""
-    out = Path(out)
-    return out if out.suffix == ".nc" else out / f"{name.removesuffix('.nc')}.optimize.nc"
+    ``t.optimize.nc``); ``r.nc/`` is a folder (:func:`dse.atomic.nc_target`)."""
+    return atomic.nc_target(out, f"{name.removesuffix('.nc')}.optimize.nc")
 
 
 def trials_dataset(study: Any, solver: InnerSolver, meta: Mapping[str, Any]):

@@ -17,6 +17,7 @@ from typing import Any
 
 from dse.atomic import check_target
 from dse.search_space import SearchSpace
+from dse.sweep.checkpoints import warn
 
 SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
 RDB_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
@@ -142,6 +143,39 @@ def _check_journal(path: Path, storage: str) -> None:
                 raise ValueError(f"--storage {storage}: {message}")
 
 
+def _drop_cut_record(path: Path, storage: str) -> None:
+    """A journal whose last record has no newline while this process holds Optuna's own lock on
+    it: no worker is writing (Optuna appends whole records under that lock,
+    ``JournalFileBackend.append_logs``), so a crash cut that record short. Optuna's replay skips it
+    (``read_logs``), then appends the next record onto it, which makes one line of two and a
+    journal the next replay refuses. The cut record is dropped, with a warning."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        with path.open("rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            end = size
+            while end > 0:  # back to the last newline, a block at a time
+                start = max(0, end - 65536)
+                handle.seek(start)
+                block = handle.read(end - start)
+                if start + len(block) == size and block.endswith(b"\n"):
+                    return
+                found = block.rfind(b"\n")
+                if found >= 0:
+                    end = start + found + 1
+                    break
+                end = start
+            handle.truncate(end)
+    finally:
+        lock.release()
+    warn(f"--storage {storage}: dropped its last record, cut short by a crash ({size - end} bytes)")
+
+
 def open_storage(storage: str | None):
     """In-memory (None), an Optuna RDB URL, or a journal file shared through file locks."""
     import optuna
@@ -159,8 +193,10 @@ def open_storage(storage: str | None):
         except Exception as error:  # sqlalchemy's errors: bad URL, cannot connect, missing driver
             line = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ValueError(f"--storage {redact(storage)}: cannot open ({line})") from None
+    path = Path(storage).expanduser()
+    _drop_cut_record(path, storage)
     try:  # the journal is replayed here: a damaged or foreign file fails now, named
-        return optuna.storages.JournalStorage(JournalFileBackend(str(Path(storage).expanduser())))
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     except (ValueError, UnicodeDecodeError) as error:  # json's errors are ValueErrors
         line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(f"--storage {storage}: not an Optuna journal file ({line})") from None

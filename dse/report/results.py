@@ -10,7 +10,7 @@ import numpy as np
 
 from dse.metrics import METRICS, display_units
 from dse.pareto import pareto_front
-from dse.results import check_codes
+from dse.results import check_codes, open_file
 from hetersim import planfields
 from hetersim.units import DAY, HOUR
 
@@ -26,23 +26,12 @@ DISPLAY = {
 
 def open_results(path: str | Path):
     """Open a results dataset, checking it is one; one-line ``ValueError`` otherwise."""
-    import xarray as xr
-
     path = Path(path)
-    if not path.is_file():
-        study = Path("studies") / f"{path.stem}.toml"
-        hint = f"hetersim sweep {study} --out {path.parent}/" if study.is_file() else "hetersim sweep STUDY"
-        raise ValueError(f"{path}: no such results file; make it first with `{hint}`")
-    try:
-        ds = xr.open_dataset(path)
-    except Exception as error:  # netCDF4/h5netcdf/scipy raise different types for a non-netCDF file
-        reason = " ".join(str(error).split())[:200]
-        raise ValueError(f"{path}: not a netCDF results dataset ({type(error).__name__}: {reason})") from None
-    if "config" not in ds.dims and "trial" in ds.dims:
+    study = Path("studies") / f"{path.stem}.toml"
+    hint = f"hetersim sweep {study} --out {path.parent}/" if study.is_file() else "hetersim sweep STUDY"
+    ds, dim = open_file(path, f"; make it first with `{hint}`")
+    if dim == "trial":
         ds = ds.rename({"trial": "config"})  # `hetersim optimize` results: one record per trial
-    if "config" not in ds.dims:
-        ds.close()
-        raise ValueError(f"{path}: not a HeterSim results dataset (no 'config' or 'trial' dimension)")
     missing = [v for v in (*REQUIRED, *_objectives(ds)[0]) if v not in ds.variables]
     if missing:
         ds.close()

@@ -33,9 +33,9 @@ STREAM_CHECKPOINT_S = 30.0  # seconds between checkpoints of a streamed sweep's 
 
 def output_path(out: str | Path, study_name: str) -> Path:
     """``out`` itself when it ends in ``.nc``, else ``out/<study name>.nc`` (a name that ends in
-    ``.nc`` already is the file's name: ``t.nc``, never ``t.nc.nc``)."""
-    out = Path(out)
-    return out if out.suffix == ".nc" else out / f"{study_name.removesuffix('.nc')}.nc"
+    ``.nc`` already is the file's name: ``t.nc``, never ``t.nc.nc``); ``r.nc/`` is a folder
+    (:func:`dse.atomic.nc_target`)."""
+    return atomic.nc_target(out, f"{study_name.removesuffix('.nc')}.nc")
 
 
 def run_sweep(

@@ -1,0 +1,84 @@
+"""The cases the seventh round left: a number written with underscores (``--tp 1_0`` read as 10),
+an output written as a folder (``--out r.nc/`` wrote the file ``r.nc``), and an Optuna journal whose
+last record a crash cut short (the next run glued its first record onto it, and the run after it
+refused the journal); each refused or read as written, checked as :mod:`tests.test_bad_input`
+checks its cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dse.atomic import nc_target
+from tests.test_bad_input import check_refused
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
+STUDY = ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml"
+
+
+@pytest.fixture
+def tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything written to the current folder shows in the listing
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        ([*EVAL, "--tp", "1_0"], ["--tp 1_0", "digits only"]),
+        ([*EVAL[:-2], "--global-batch", "6_4"], ["--global-batch 6_4", "digits only"]),
+        ([*EVAL, "--fragmentation=0.1_5"], ["--fragmentation 0.1_5", "digits only"]),
+        ([*EVAL, "--set", "hbm_capacity_GiB=8_0"], ["--set", "hbm_capacity_GiB", "'8_0'"]),
+    ],
+    ids=["int-flag", "batch-flag", "float-flag", "set-field"],
+)
+def test_a_number_with_underscores_is_refused(tmp, args, fragments):
+    check_refused(tmp, args, fragments)
+
+
+def test_an_output_written_as_a_folder_is_one():
+    assert nc_target("r.nc/", "s.nc") == Path("r.nc/s.nc")
+    assert nc_target("r.nc", "s.nc") == Path("r.nc")
+    assert nc_target("r", "s.nc") == Path("r/s.nc")
+    assert nc_target(Path("r.nc"), "s.nc") == Path("r.nc")  # a Path has no separator left: its suffix decides
+
+
+def _journal(path: Path, records: list[dict], cut: int = 0) -> bytes:
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+    path.write_bytes(text[: len(text) - cut] if cut else text)
+    return text
+
+
+def test_a_journal_record_cut_by_a_crash_is_dropped_and_a_whole_one_kept(tmp_path, capsys):
+    from dse.optimize.storage import _drop_cut_record
+
+    records = [{"op_code": 0, "study_name": "s"}, {"op_code": 6, "trial_id": 0, "state": 1, "values": [1.0]}]
+    path = tmp_path / "j.log"
+    whole = _journal(path, records)
+    _drop_cut_record(path, "j.log")
+    assert path.read_bytes() == whole and not capsys.readouterr().err  # nothing cut: untouched
+    _journal(path, records, cut=9)
+    _drop_cut_record(path, "j.log")
+    first = json.dumps(records[0], separators=(",", ":")) + "\n"
+    assert path.read_bytes() == first.encode()
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --storage j.log: dropped its last record") and err.count("\n") == 1
+    assert not (tmp_path / "j.log.lock").exists()  # Optuna's lock released
+
+
+def test_an_optimize_run_resumes_a_journal_a_crash_cut(tmp_path):
+    """Before: the rerun appended onto the cut line, and the run after it failed with
+    ``Expecting ',' delimiter`` naming no file."""
+    from dse.optimize import run_optimize
+
+    journal = tmp_path / "j.log"
+    run_optimize(STUDY, 2, storage=str(journal), out=tmp_path, batch=1, progress=False)
+    text = journal.read_bytes()
+    journal.write_bytes(text[:-40])
+    run_optimize(STUDY, 3, storage=str(journal), out=tmp_path, batch=1, progress=False)
+    s = run_optimize(STUDY, 4, storage=str(journal), out=tmp_path, batch=1, progress=False)
+    assert s["n_trials"] == 4
+    assert all("op_code" in json.loads(line) for line in journal.read_text().splitlines())
