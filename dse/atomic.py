@@ -94,6 +94,23 @@ def nc_target(out: str | Path, name: str) -> Path:
     return path if path.suffix == ".nc" and not folder else path / name
 
 
+# The first bytes of a netCDF file: netCDF-4 is HDF5 (its signature), classic netCDF "CDF" and a
+# version byte 1, 2 or 5 (NetCDF User's Guide, "File Format Specifications").
+NETCDF_MAGIC = (b"\x89HDF\r\n\x1a\n", b"CDF\x01", b"CDF\x02", b"CDF\x05")
+
+
+def check_nc_target(path: Path, what: str) -> Path:
+    """:func:`check_target` for a results dataset, which also refuses to replace an existing file
+    that is no netCDF file (a rerun replaces its own results; ``--out notes.nc`` is a typo)."""
+    check_target(path, what)
+    if path.is_file():
+        with path.open("rb") as handle:
+            head = handle.read(8)
+        if head and not head.startswith(NETCDF_MAGIC):
+            raise ValueError(f"{what} {path}: exists and is no netCDF file; give another path, or remove it")
+    return path
+
+
 def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None] = ()) -> Path:
     """A one-line ``ValueError`` naming ``what`` (a flag) unless file ``path`` can be written: it
     is not a folder, not one of the files the command ``reads``, and its nearest existing ancestor

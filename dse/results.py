@@ -88,7 +88,8 @@ def open_file(path: Path, missing: str = ""):
 
 def check_codes(ds, dim: str) -> None:
     """Every categorical column's codes are among its ``flag_values`` (or -1, none: an optimize
-    trial without a layout); one-line ``ValueError`` naming the column otherwise."""
+    trial without a layout), ``feasible`` and ``pareto`` 0 or 1; one-line ``ValueError`` naming the
+    column otherwise."""
     for c in (*COLUMNS, *str(ds.attrs.get("outer_variables", "")).split()):
         var = ds.variables.get(c)
         if var is not None and ("flag_meanings" in var.attrs) != ("flag_values" in var.attrs):
@@ -97,9 +98,14 @@ def check_codes(ds, dim: str) -> None:
             continue
         n = len(str(var.attrs["flag_meanings"]).split())
         codes = np.asarray(var.values).astype(np.int64)
-        bad = codes[(codes < -1) | (codes >= n)]
+        bad = codes[(codes < (-1 if dim == "trial" else 0)) | (codes >= n)]
         if bad.size:
             raise ValueError(f"{c} holds code {int(bad[0])}, not one of its flag_values (0..{n - 1})")
+    for name in ("feasible", "pareto"):  # read as booleans: NaN or 2 would read as true
+        var = ds.variables.get(name)
+        values = np.asarray(var.values, dtype=float) if var is not None else np.zeros(0)
+        if not np.isin(values, (0.0, 1.0)).all():
+            raise ValueError(f"{name} holds {values[~np.isin(values, (0.0, 1.0))][0]}; it is 0 or 1 for each record")
 
 
 def decode_names(ds, dim: str):

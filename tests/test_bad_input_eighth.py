@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dse.atomic import nc_target
 from tests.test_bad_input import check_refused
+from tests.test_bad_input_seventh import _results
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
@@ -37,6 +39,35 @@ def tmp(tmp_path, monkeypatch):
 )
 def test_a_number_with_underscores_is_refused(tmp, args, fragments):
     check_refused(tmp, args, fragments)
+
+
+# Edited results files that report drew and export wrote: a sweep's configuration without a GPU
+# (code -1, which only an optimize trial without a layout may hold) and a feasibility that is NaN,
+# which reads as true.
+EDITS = {
+    "gpu_none.nc": lambda ds: ds["gpu"].values.__setitem__(0, -1),
+    "feasible_nan.nc": lambda ds: ds.update({"feasible": ("config", np.array([1.0, np.nan]))}),
+}
+
+
+@pytest.mark.parametrize(
+    "command", [["report", "--no-validation", "--out", "{tmp}/r"], ["export", "--csv", "{tmp}/t.csv"]]
+)
+@pytest.mark.parametrize(
+    "name, fragment", [("gpu_none.nc", "gpu holds code -1"), ("feasible_nan.nc", "feasible holds nan")]
+)
+def test_an_edited_results_file_is_refused_by_report_and_export(tmp, command, name, fragment):
+    _results(EDITS[name]).to_netcdf(tmp / name)
+    check_refused(tmp, [command[0], f"{{tmp}}/{name}", *command[1:]], [name, fragment])
+
+
+def test_an_output_that_is_no_netcdf_file_is_not_replaced(tmp):
+    """``sweep --out notes.nc`` replaced the user's file with the results without a word; a rerun
+    still replaces its own results (a netCDF file)."""
+    (tmp / "notes.nc").write_text("my notes\n")
+    study = str(ROOT / "studies" / "cxl_pool_2hosts.toml")
+    check_refused(tmp, ["sweep", study, "--out", "{tmp}/notes.nc"], ["--out", "notes.nc", "no netCDF file"])
+    assert (tmp / "notes.nc").read_text() == "my notes\n"
 
 
 def test_an_output_written_as_a_folder_is_one():

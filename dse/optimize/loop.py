@@ -228,7 +228,7 @@ def run_optimize(
     name = study_name or space.name
     if not NAME_RE.match(name):
         raise ValueError(f"--study-name must be at most 200 letters, digits, '.', '_' or '-'; got {name!r}")
-    atomic.check_target(output_path(out, name), "--out")
+    atomic.check_nc_target(output_path(out, name), "--out")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     seed = worker_seed(seed, storage)
     sampler_obj = make_sampler(sampler, space, seed)

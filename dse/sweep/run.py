@@ -117,7 +117,7 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def check_output(path: Path) -> None:
     """The dataset ``path`` and its checkpoint folder can be written (``--out``), before any work."""
-    atomic.check_target(path, "--out")
+    atomic.check_nc_target(path, "--out")
     atomic.check_folder(checkpoint_folder(path), "--out")
 
 
