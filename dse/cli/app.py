@@ -296,7 +296,7 @@ def _plain_paths(kwargs: dict[str, Any]) -> None:
         name = param.opts[0] if param is not None and param.param_type_name == "option" else key.upper()
         for path in value if isinstance(value, list | tuple) else (value,):
             if isinstance(path, Path):
-                check_plain(path, name)
+                check_plain(path, name, "a regular file or folder")
 
 
 def context():
