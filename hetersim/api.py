@@ -17,6 +17,7 @@ import numpy as np
 
 from .hplan import parse_cluster_groups
 from .planfields import AUTO, DEFAULTS, FIELDS, resolve_cpu_optimizer, resolve_sp
+from .planrules import check_dualpipe, check_experts, check_plan_file, cluster_keys, keyed
 from .types import LOW_PRECISION, Attention, FieldError, Tier
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -275,8 +276,9 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     fields from flags (they may add to the file's, not contradict them)."""
     from . import build, hplan, hsim
 
-    # A flag at its registry default (the CLI fills every one) leaves the file's value alone.
-    given = {k: v for k, v in given.items() if v is not None and not _is_default(k, v)}
+    # A field not given is None (the CLI passes its flags left at their defaults as None): a value
+    # given, default or not, may add to the file's fields but not contradict them.
+    given = {k: v for k, v in given.items() if v is not None and not (k == "offload" and not v)}
     for k in hplan.STRUCTURAL:
         if k in given and k != "n_gpus":
             raise FieldError("{0} is set per replica or by the stages of {1}; leave it out", k, "plan_file")
@@ -292,12 +294,20 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     hp = dataclasses.replace(hp, options=opts)
     text = cluster or hp.cluster
     counts = hplan.parse_cluster_counts(text) if text else hp.gpus()
+    if (
+        cluster
+        and hp.cluster
+        and cluster_keys(cat, counts) != cluster_keys(cat, hplan.parse_cluster_counts(hp.cluster))
+    ):
+        raise FieldError(f"{{0}} {cluster} contradicts the plan file's cluster {hp.cluster!r}", "cluster")
+    counts, hp = cluster_keys(cat, counts), keyed(cat, hp)
     entries = [_in_file(origin if not cluster else "", cat.gpu, k) for k in counts]
     hplan.check(hp, model_entry, counts, origin)
+    seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
+    check_plan_file(hp, model_entry, opts, seq, origin)
     used = hp.gpus()
     if given.get("n_gpus") is not None and int(given["n_gpus"]) != sum(used.values()):
         raise FieldError(f"{{0}} {given['n_gpus']} contradicts the plan's {sum(used.values())} GPUs", "n_gpus")
-    seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
     plan_s = _in_file(origin, shared_plan, cat, hp.kinds(), opts, seq)
     defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
     resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
@@ -465,7 +475,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
             "vp",
         )
     if resolved.get("dualpipe"):  # simulate's Infeasible.SCHEDULE flags the same in a sweep
-        _check_dualpipe(pp, vp, n_micro)
+        check_dualpipe(pp, vp, n_micro)
     shard = int(resolved.get("shard_group") or 0)
     if shard and (dp * cp) % shard:  # simulate's Infeasible.SHARD_GROUP flags the same in a sweep
         raise FieldError(
@@ -516,49 +526,6 @@ def check_inert(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Ma
         raise FieldError("{0} applies to the routed experts; the model has none", name)
     if moe["ep_overlap"] and int(resolved.get("ep") or 1) == 1:
         raise FieldError("{0} overlaps the expert-parallel all-to-all; {1} 1 has none", "ep_overlap", "ep")
-
-
-def _check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
-    """DualPipe's own rules (:func:`hetersim.terms.schedule.dualpipe_bad` flags the same in a sweep)."""
-    if pp < 2 or pp % 2 or vp > 1:
-        raise FieldError(f"{{0}} needs an even {{1}} >= 2 and {{2}} 1 (got {pp} and {vp})", "dualpipe", "pp", "vp")
-    if n_micro % 2 or n_micro < 2 * pp:
-        raise FieldError(
-            f"{{0}} needs an even number of at least 2 x {{1}} = {2 * pp} micro-batches; {{2}} / ({{3}} x dp) "
-            f"gives {n_micro} (deepseek-ai/DualPipe DualPipe.step)",
-            "dualpipe",
-            "pp",
-            "global_batch",
-            "micro_batch",
-        )
-
-
-def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
-    """A :class:`FieldError` for an expert-parallel layout Megatron-Core refuses
-    (:func:`hetersim.simulate.expert_layout_bad` flags the same in a sweep)."""
-    ep, etp = int(resolved.get("ep") or 1), int(resolved.get("etp") or 1)
-    tp, cp, dp = (int(resolved.get(k) or 1) for k in ("tp", "cp", "dp"))
-    experts = int(model.get("n_experts", 0) or 0)
-    if experts <= 1:
-        if ep > 1 or etp > 1:
-            raise FieldError(f"{{0}} {ep} and {{1}} {etp}: the model has no experts (use 1)", "ep", "etp")
-        return
-    if experts % ep:
-        raise FieldError(f"{{0}} {ep} does not divide the model's {experts} experts", "ep")
-    if (tp * cp * dp) % (ep * etp):
-        raise FieldError(
-            f"{{0}} {ep} x {{1}} {etp} = {ep * etp} expert ranks do not tile the {tp * cp * dp} ranks of a "
-            f"pipeline stage ({{2}} {tp} x {{3}} {cp} x dp {dp})",
-            "ep",
-            "etp",
-            "tp",
-            "cp",
-        )
-    width = int(model.get("moe_ffn_hidden", 0) or 0)
-    if width % etp:
-        raise FieldError(f"{{0}} {etp} does not divide the expert FFN width {width}", "etp")
-    if tp > 1 and not resolved.get("sp"):
-        raise FieldError(f"an MoE model with {{0}} {tp} needs sequence parallelism (Megatron-Core requires it)", "tp")
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:

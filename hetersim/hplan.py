@@ -383,10 +383,13 @@ def _check_shares(plan: HeteroPlan, total_mb: int, origin: str) -> None:
     for j, p in enumerate(plan.pipelines):
         n = p.micro_batches if given else total_mb // copies
         for i, s in enumerate(p.stages):
-            if all(r.micro_batches is not None for r in s.replicas):
-                continue
             reps = sum(r.count for r in s.replicas)
             where = f"{origin} stage {i}" if len(plan.pipelines) == 1 else f"{origin} pipeline {j} stage {i}"
+            got = [r.micro_batches * r.count for r in s.replicas if r.micro_batches is not None]
+            if len(got) == len(s.replicas) and sum(got) != n:  # the stage must take the pipeline's all
+                raise ValueError(f"{where}: replicas' micro_batches sum to {sum(got)}; the pipeline takes {n}")
+            if got:
+                continue
             if n < reps:
                 raise ValueError(f"{where}: {n} micro-batches for {reps} replicas leave a replica without one")
             if equal and n % reps:

@@ -7,6 +7,7 @@ checks its cases."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +114,103 @@ def test_an_optimize_run_resumes_a_journal_a_crash_cut(tmp_path):
     s = run_optimize(STUDY, 4, storage=str(journal), out=tmp_path, batch=1, progress=False)
     assert s["n_trials"] == 4
     assert all("op_code" in json.loads(line) for line in journal.read_text().splitlines())
+
+
+# Round 9 (plan files, MoE, runs CSV files): each refused before any pricing.
+PLAN = """global_batch = 64
+{extra}
+[[stage]]
+layers = 8
+replicas = [{{ gpu = "a100-sxm-80gb", tp = 4, count = 2{share} }}]
+[[stage]]
+layers = 24
+replicas = [{{ gpu = "h100-sxm-80gb", tp = 2, count = 4 }}]
+"""
+MOE_PLAN = """global_batch = 64
+ep = {ep}
+etp = {etp}
+[[stage]]
+layers = 16
+replicas = [{{ gpu = "a100-sxm-80gb", tp = 2, count = {count} }}]
+[[stage]]
+layers = 16
+replicas = [{{ gpu = "h100-sxm-80gb", tp = 2, count = {count} }}]
+"""
+
+
+@pytest.mark.parametrize(
+    "name, text, flags, fragments",
+    [  # a flag at its default value lost to the file's value; a non-default one was refused
+        ("zero.toml", PLAN.format(extra="zero = 3", share=""), ["--zero", "0"], ["--zero 0", "plan file's 3"]),
+        ("prec.toml", PLAN.format(extra='precision = "fp16"', share=""), ["--precision", "bf16"], ["--precision"]),
+        (  # the flag's cluster replaced the file's own
+            "cluster.toml",
+            PLAN.format(extra='cluster = "a100-sxm-80gb:8,h100-sxm-80gb:8"', share=""),
+            ["--cluster", "a100-sxm-80gb:16,h100-sxm-80gb:16"],
+            ["--cluster", "contradicts the plan file's cluster"],
+        ),
+        (  # a stage's replicas taking 2 of the 64 micro-batches were priced as if they took 64
+            "shares.toml",
+            PLAN.format(extra="", share=", micro_batches = 1"),
+            [],
+            ["shares.toml stage 0", "sum to 2", "takes 64"],
+        ),
+        ("cp.toml", PLAN.format(extra="cp = 3", share=""), [], ["2 x --cp = 6"]),
+        ("dense_ep.toml", PLAN.format(extra="ep = 2", share=""), [], ["dense_ep.toml stage 0", "no experts"]),
+    ],
+)
+def test_a_plan_file_is_checked_as_the_flags_are(tmp, name, text, flags, fragments):
+    (tmp / name).write_text(text)
+    check_refused(tmp, ["evaluate", "--model", "llama2-7b", "--plan", f"{{tmp}}/{name}", *flags], fragments)
+
+
+@pytest.mark.parametrize(
+    "ep, etp, count, fragments",
+    [(3, 1, 4, ["does not divide the model's 8 experts"]), (4, 4, 4, ["16 expert ranks do not tile the 8 ranks"])],
+)
+def test_a_plan_files_expert_layout_is_refused_as_the_flags_are(tmp, ep, etp, count, fragments):
+    """Priced as an infeasible point (exit 0) where --ep refused it."""
+    (tmp / "moe.toml").write_text(MOE_PLAN.format(ep=ep, etp=etp, count=count))
+    check_refused(
+        tmp, ["evaluate", "--model", "mixtral-8x7b", "--plan", "{tmp}/moe.toml"], ["moe.toml stage 0", *fragments]
+    )
+
+
+def test_a_replica_named_by_an_alias_is_a_kind_of_the_cluster_its_key_names():
+    from hetersim import hplan
+    from hetersim.catalog import load_catalog
+    from hetersim.planrules import cluster_keys, keyed
+
+    cat = load_catalog([])
+    text = PLAN.format(extra="", share="").replace('"a100-sxm-80gb"', '"a100"')
+    hp = hplan.parse_plan(tomllib.loads(text), "p.toml")
+    kinds = {r.gpu for p in keyed(cat, hp).pipelines for s in p.stages for r in s.replicas}
+    assert kinds == {"a100-sxm-80gb", "h100-sxm-80gb"}
+    assert cluster_keys(cat, {"a100": 8, "a100-sxm-80gb": 8}) == {"a100-sxm-80gb": 16}
+
+
+def _runs_file(tmp: Path, drop: tuple[str, ...] = (), **values: str) -> None:
+    import csv
+
+    with (ROOT / "hetersim" / "data" / "moe_runs.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    row = {**next(r for r in rows if r["id"].startswith("mb006")), **values}
+    columns = [c for c in rows[0] if c not in drop]
+    with (tmp / "r.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(row)
+
+
+@pytest.mark.parametrize(
+    "drop, values, fragments",
+    [
+        (("top_k",), {}, ["needs column top_k"]),  # a KeyError traceback before
+        ((), {"ep": "0"}, ["column ep must be a positive integer"]),  # read as ep 1
+        ((), {"n_experts": ""}, ["column top_k is given without n_experts"]),  # priced as dense
+    ],
+    ids=["column-missing", "ep-zero", "moe-without-experts"],
+)
+def test_a_runs_file_moe_row_is_read_as_written_or_refused(tmp, drop, values, fragments):
+    _runs_file(tmp, drop, **values)
+    check_refused(tmp, ["validate", "--runs", "{tmp}/r.csv"], ["r.csv", *fragments])

@@ -22,6 +22,7 @@ from .options import (
     check_model,
     cluster_error,
     fold_switches,
+    given,
     pairs,
     with_flag,
     with_options,
@@ -57,6 +58,8 @@ def configuration(
 
     rest = fold_switches(rest)
     plan_file = rest.get("plan_file")
+    if plan_file is not None:  # a flag left at its default must not stand for the plan file's value
+        rest = {k: None if _untouched(k, v) else v for k, v in rest.items()}
     for flag, value in (("--gpus", gpus), ("--global-batch", global_batch)):
         if value is None and plan_file is None:
             raise ValueError(f"missing option {flag} (give it, or a --recipe that names it)")
@@ -173,3 +176,10 @@ def sensitivity(**options: Any) -> None:
 
 app.command("evaluate")(user_errors(evaluate))
 app.command("sensitivity")(user_errors(sensitivity))
+
+
+def _untouched(name: str, value: Any) -> bool:
+    """An option the command line did not give, at its registry default (a recipe's value stays)."""
+    from hetersim import api
+
+    return not given(name) and api._is_default(name, value)

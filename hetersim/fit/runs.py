@@ -104,7 +104,7 @@ def read_text(path: Path, what: str) -> str:
 
 
 def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = False) -> float | None:
-    raw = row.fields[col].strip()
+    raw = (row.fields.get(col) or "").strip()  # a column the file lacks is empty
     if raw == "" and optional:
         return None
     try:
@@ -269,11 +269,16 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
     f = row.fields
     raw = (f.get("n_experts") or "").strip()
     if not raw:
+        given = [c for c in (*MOE_COLUMNS[1:], "ep", "etp") if (f.get(c) or "").strip() not in ("", "0", "1")]
+        if given:  # priced as dense, the layout still naming its experts
+            raise ValueError(f"{path}: row {row.id}: column {given[0]} is given without n_experts (a dense row)")
         return {}
     for col in MOE_COLUMNS:
         value = n(col, optional=True)
         if value is not None:
             model[col] = value
+        elif col in ("top_k", "moe_ffn_hidden"):  # an MoE row's own sizes: no default stands for them
+            raise ValueError(f"{path}: row {row.id}: an MoE row (n_experts {raw}) needs column {col}")
     if model.get("dense_ffn_hidden"):
         model["ffn_hidden"] = model.pop("dense_ffn_hidden")
     model.pop("dense_ffn_hidden", None)
@@ -291,6 +296,9 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         raise ValueError(f"{path}: row {row.id}: column routing must be balanced or learned; got {routing!r}")
     ep = n("ep", optional=True)
     etp = n("etp", optional=True)
+    for col, value in (("ep", ep), ("etp", etp)):
+        if value == 0:  # read as 1 before
+            raise ValueError(f"{path}: row {row.id}: column {col} must be a positive integer (empty: 1); got 0")
     overlap = n("ep_overlap", optional=True) if "ep_overlap" in f else None
     config = _run_configs().get(row.id, {})
     if overlap is None:

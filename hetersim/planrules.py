@@ -1,0 +1,131 @@
+"""Plan rules checked where a plan enters (the API, plan files, studies), each a one-line
+:class:`~hetersim.types.FieldError` naming the fields; the traced model flags the same rules of a
+sweep's points as data (:mod:`hetersim.simulate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .types import FieldError
+
+
+def check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
+    """DualPipe's own rules (:func:`hetersim.terms.schedule.dualpipe_bad` flags the same in a sweep)."""
+    if pp < 2 or pp % 2 or vp > 1:
+        raise FieldError(f"{{0}} needs an even {{1}} >= 2 and {{2}} 1 (got {pp} and {vp})", "dualpipe", "pp", "vp")
+    if n_micro % 2 or n_micro < 2 * pp:
+        raise FieldError(
+            f"{{0}} needs an even number of at least 2 x {{1}} = {2 * pp} micro-batches; {{2}} / ({{3}} x dp) "
+            f"gives {n_micro} (deepseek-ai/DualPipe DualPipe.step)",
+            "dualpipe",
+            "pp",
+            "global_batch",
+            "micro_batch",
+        )
+
+
+def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """A :class:`FieldError` for an expert-parallel layout Megatron-Core refuses
+    (:func:`hetersim.simulate.expert_layout_bad` flags the same in a sweep)."""
+    ep, etp = int(resolved.get("ep") or 1), int(resolved.get("etp") or 1)
+    tp, cp, dp = (int(resolved.get(k) or 1) for k in ("tp", "cp", "dp"))
+    experts = int(model.get("n_experts", 0) or 0)
+    if experts <= 1:
+        if ep > 1 or etp > 1:
+            raise FieldError(f"{{0}} {ep} and {{1}} {etp}: the model has no experts (use 1)", "ep", "etp")
+        return
+    if experts % ep:
+        raise FieldError(f"{{0}} {ep} does not divide the model's {experts} experts", "ep")
+    if (tp * cp * dp) % (ep * etp):
+        raise FieldError(
+            f"{{0}} {ep} x {{1}} {etp} = {ep * etp} expert ranks do not tile the {tp * cp * dp} ranks of a "
+            f"pipeline stage ({{2}} {tp} x {{3}} {cp} x dp {dp})",
+            "ep",
+            "etp",
+            "tp",
+            "cp",
+        )
+    width = int(model.get("moe_ffn_hidden", 0) or 0)
+    if width % etp:
+        raise FieldError(f"{{0}} {etp} does not divide the expert FFN width {width}", "etp")
+    if tp > 1 and not resolved.get("sp"):
+        raise FieldError(f"an MoE model with {{0}} {tp} needs sequence parallelism (Megatron-Core requires it)", "tp")
+
+
+def cluster_keys(cat, counts: Mapping[str, int]) -> dict[str, int]:
+    """A cluster's GPU counts by catalog key (a kind named by an alias counted as its key)."""
+    out: dict[str, int] = {}
+    for kind, n in counts.items():
+        try:
+            key = cat.key("gpus", kind)
+        except ValueError:  # named by the plan's own check
+            key = kind
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def check_plan_file(hp: Any, model: Mapping[str, Any], options: Mapping[str, Any], seq: int, origin: str) -> None:
+    """What :func:`hetersim.api.check_layout` refuses of a one-kind plan, for a heterogeneous plan
+    file (the engine flagged it as an infeasible point): context parallelism that does not cut the
+    sequence into ``2 x cp`` chunks, and each replica's expert layout (:func:`check_experts`) over
+    its stage's data-parallel group, the replicas of every pipeline copy's stage holding the same
+    first layer (:func:`hetersim.hsim._dp_groups`)."""
+    cp = int(options.get("cp") or 1)
+    if cp > 1 and seq % (2 * cp):
+        raise FieldError(f"{{0}} {seq} is not a multiple of 2 x {{1}} = {2 * cp} (load-balanced causal context "
+                         "parallelism cuts each sequence into 2 x cp chunks)", "seq_len", "cp")  # fmt: skip
+    for j, p in enumerate(hp.pipelines):
+        for i, stage in enumerate(p.stages):
+            where = f"{origin} stage {i}" if len(hp.pipelines) == 1 else f"{origin} pipeline {j} stage {i}"
+            dp = _group_size(hp, p, i)
+            for rep in stage.replicas:
+                resolved = {**options, "tp": rep.tp, "cp": cp, "dp": dp, "sp": _sp(options.get("sp"), rep.tp)}
+                try:
+                    check_experts(model, resolved)
+                except FieldError as error:
+                    raise ValueError(f"{where}: {error}") from None
+
+
+def _group_size(hp: Any, pipeline: Any, i: int) -> int:
+    """Replicas holding stage ``i``'s first layer over every pipeline copy; where a pipeline leaves
+    its layers to the balance, the stage's own replicas over its copies (the engine knows more)."""
+    if any(s.layers is None for q in hp.pipelines for s in q.stages):
+        return pipeline.count * sum(r.count for r in pipeline.stages[i].replicas)
+    first = sum(s.layers for s in pipeline.stages[:i])
+    n = 0
+    for q in hp.pipelines:
+        lo = 0
+        for s in q.stages:
+            if lo <= first < lo + s.layers or (s.layers == 0 and lo == first):
+                n += q.count * sum(r.count for r in s.replicas)
+                break
+            lo += s.layers
+    return max(n, 1)
+
+
+def _sp(value: Any, tp: int) -> bool:
+    from .planfields import resolve_sp
+
+    return bool(resolve_sp(value, tp))
+
+
+def keyed(cat: Any, hp: Any) -> Any:
+    """``hp`` with each replica's kind as its catalog key (an alias compared with the cluster's
+    key named two kinds); a kind the catalog lacks is left for the plan's own check to name."""
+    import dataclasses
+
+    def key(kind: str) -> str:
+        try:
+            return cat.key("gpus", kind)
+        except ValueError:
+            return kind
+
+    pipes = tuple(
+        dataclasses.replace(p, stages=tuple(
+            dataclasses.replace(s, replicas=tuple(dataclasses.replace(r, gpu=key(r.gpu)) for r in s.replicas))
+            for s in p.stages
+        ))
+        for p in hp.pipelines
+    )  # fmt: skip
+    return dataclasses.replace(hp, pipelines=pipes)
