@@ -36,7 +36,7 @@ PLAN_SCALARS = planfields.SCALARS
 # Study-wide fields that do nothing at a point without pipeline stages, ZeRO-3, experts or MLA.
 INERT_SCALARS = ("cpu_optimizer", "pp_layout", "zero3_prefetch", "reuse_Mparams", "mla_up_proj", "fused_experts")
 INERT_SCALARS += ("moe_imbalance", "fp8_attention")
-AT_EVERY = ("pp", "zero", "precision")  # the axes an inert study-wide field is checked at
+AT_EVERY = ("pp", "zero", "precision", "ep")  # the axes an inert study-wide field is checked at
 
 
 def fixed_plan(scalars: Mapping[str, Any]) -> dict[str, Any]:

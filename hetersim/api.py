@@ -524,8 +524,15 @@ def check_inert(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Ma
     moe["moe_imbalance"] = float(resolved.get("moe_imbalance") or 1.0) != 1.0
     for name in [k for k, on in moe.items() if on and not experts]:
         raise FieldError("{0} applies to the routed experts; the model has none", name)
-    if moe["ep_overlap"] and int(resolved.get("ep") or 1) == 1:
+    ep = int(resolved.get("ep") or 1)
+    if moe["ep_overlap"] and ep == 1:
         raise FieldError("{0} overlaps the expert-parallel all-to-all; {1} 1 has none", "ep_overlap", "ep")
+    if moe["dispatcher"] and ep == 1:
+        raise FieldError("{0} dispatches tokens over expert-parallel ranks; {1} 1 sends none", "dispatcher", "ep")
+    imbalance = float(resolved.get("moe_imbalance") or 1.0)
+    if experts and (imbalance > ep or (ep == 1 and imbalance != 1.0)):  # the busiest of ep ranks
+        raise FieldError(f"{{0}} {imbalance:g} is the busiest of {{1}} {ep} ranks' tokens over the mean: "
+                         f"between 1 and {ep}", "moe_imbalance", "ep")  # fmt: skip
 
 
 def _resolved(plan: Mapping[str, Any], plan_s: Any) -> dict[str, Any]:

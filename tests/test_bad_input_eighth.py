@@ -205,7 +205,7 @@ def _runs_file(tmp: Path, drop: tuple[str, ...] = (), **values: str) -> None:
 @pytest.mark.parametrize(
     "drop, values, fragments",
     [
-        (("top_k",), {}, ["needs column top_k"]),  # a KeyError traceback before
+        (("top_k",), {}, ["needs top_k: its column is empty or missing"]),  # a KeyError traceback before
         ((), {"ep": "0"}, ["column ep must be a positive integer"]),  # read as ep 1
         ((), {"n_experts": ""}, ["column top_k is given without n_experts"]),  # priced as dense
     ],
@@ -214,3 +214,29 @@ def _runs_file(tmp: Path, drop: tuple[str, ...] = (), **values: str) -> None:
 def test_a_runs_file_moe_row_is_read_as_written_or_refused(tmp, drop, values, fragments):
     _runs_file(tmp, drop, **values)
     check_refused(tmp, ["validate", "--runs", "{tmp}/r.csv"], ["r.csv", *fragments])
+
+
+MIXTRAL = ["evaluate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "64"]
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [  # one expert-parallel rank holds the mean by definition: 5 tripled the step; 9 of 8 ranks cannot be
+        (["--moe-imbalance", "5"], ["--moe-imbalance 5", "--ep 1", "between 1 and 1"]),
+        (["--ep", "8", "--moe-imbalance", "9"], ["--moe-imbalance 9", "between 1 and 8"]),
+        (["--dispatcher", "deepep"], ["--dispatcher", "--ep 1 sends none"]),  # changed nothing
+    ],
+    ids=["imbalance-one-rank", "imbalance-past-ranks", "dispatcher-one-rank"],
+)
+def test_an_moe_flag_that_cannot_hold_is_refused(tmp, flags, fragments):
+    check_refused(tmp, [*MIXTRAL, *flags], fragments)
+
+
+def test_a_report_of_a_feasible_configuration_without_its_metric_is_refused(tmp):
+    """'error: All-NaN slice encountered' named neither file nor variable, and left the folder."""
+    _results(lambda ds: ds["time_to_train_s"].values.__setitem__(slice(None), np.nan)).to_netcdf(tmp / "nan.nc")
+    check_refused(
+        tmp,
+        ["report", "{tmp}/nan.nc", "--no-validation", "--out", "{tmp}/rep"],
+        ["nan.nc", "time_to_train_s is not a number for a feasible configuration"],
+    )

@@ -68,6 +68,10 @@ def _check_attrs(ds) -> None:
             raise ValueError(f"{name} must be numbers along config; it is {var.dtype} over {var.dims}")
         if name in (*REQUIRED[1:], *names) and bool(np.any(np.asarray(var.values, dtype=float) < 0)):
             raise ValueError(f"{name} holds negative values; every metric it reports is >= 0")
+        if name in (*REQUIRED[1:], *names) and "feasible" in ds.variables:  # a front of NaN: 'All-NaN slice'
+            ok = np.asarray(ds["feasible"].values, dtype=float) == 1.0
+            if not np.isfinite(np.asarray(var.values, dtype=float)[ok]).all():
+                raise ValueError(f"{name} is not a number for a feasible configuration; a sweep writes one for each")
 
 
 def _objectives(ds) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -278,7 +278,9 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         if value is not None:
             model[col] = value
         elif col in ("top_k", "moe_ffn_hidden"):  # an MoE row's own sizes: no default stands for them
-            raise ValueError(f"{path}: row {row.id}: an MoE row (n_experts {raw}) needs column {col}")
+            raise ValueError(
+                f"{path}: row {row.id}: an MoE row (n_experts {raw}) needs {col}: its column is empty or missing"
+            )
     if model.get("dense_ffn_hidden"):
         model["ffn_hidden"] = model.pop("dense_ffn_hidden")
     model.pop("dense_ffn_hidden", None)
@@ -309,7 +311,7 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
         etp=int(etp or 1),
         ep_overlap=bool(overlap),
         dispatcher=dispatcher,
-        moe_imbalance=_imbalance(routing, f.get("notes") or ""),
+        moe_imbalance=_imbalance(routing, f.get("notes") or "") if int(ep or 1) > 1 else 1.0,  # one rank: the mean
         mla_up_proj="mla_up_proj" in (config.get("recompute_modules") or "").split(),
         fused_experts=(config.get("fused_experts") or "0").strip() == "1",
         fp8_attention=(config.get("fp8_attention") or "0").strip() == "1",
