@@ -335,13 +335,13 @@ def _hardware_outer(origin: str, search: Mapping[str, Any], mix: MixSearch | Non
         seen_paths[param.path] = key
         if isinstance(value, list):
             values = _numbers(origin, f"search.{key}", value)
-            _within_catalog(origin, key, values)
+            _within_catalog(origin, key, values, param)
             outer.append(OuterParam(key, "float", choices=values, param=param))
             continue
         rng = _range(origin, key, value, integer=False)
         if rng is None:
             raise _err(origin, f"search.{key}", f"must be {{low = .., high = ..}} or a list of numbers; got {value!r}")
-        _within_catalog(origin, key, [rng["low"], rng["high"]])
+        _within_catalog(origin, key, [rng["low"], rng["high"]], param)
         outer.append(_param(key, "float", rng, param))
     return outer
 
@@ -453,12 +453,17 @@ def _numbers(origin: str, key: str, values: list[Any]) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def _within_catalog(origin: str, key: str, values: Sequence[float]) -> None:
-    """A searched hardware value stays within what the catalog (and ``--set``) takes for any field."""
+def _within_catalog(origin: str, key: str, values: Sequence[float], param: hw_params.Param) -> None:
+    """A searched hardware value stays within what the catalog (and ``--set``) takes for its field:
+    any number at most ``MAX_NUMBER``, an efficiency (a share of a peak) at most 1."""
     from hetersim.catalog.schema import MAX_NUMBER
 
     if max(abs(v) for v in values) > MAX_NUMBER:
         raise _err(origin, f"search.{key}", f"values must be at most {MAX_NUMBER:.0e}, as in the catalog")
+    if "eff" in param.field and max(values) > 1.0:  # 1.5 of the peak was priced as feasible
+        raise _err(
+            origin, f"search.{key}", f"is a share of the peak, at most 1, as in the catalog; got {max(values):g}"
+        )
 
 
 def _range(origin: str, name: str, value: Any, integer: bool) -> dict[str, Any] | None:

@@ -260,13 +260,27 @@ def mixes_within(
     return out
 
 
+def no_mix(kinds: Sequence[tuple[str, float, int]], budget: float) -> str:
+    """Why ``budget`` buys no mix (:func:`mixes_within`): below the cheapest node, or past the
+    :data:`MAX_GPUS_PER_KIND` GPUs of every kind, or between whole nodes' prices."""
+    cheapest = min(p * node for _, p, node in kinds)
+    most = sum(p * (MAX_GPUS_PER_KIND // node) * node for _, p, node in kinds)
+    if budget < cheapest:
+        why = f"the cheapest node costs ${cheapest:g}/h"
+    elif BUDGET_LOW * budget > most:
+        why = f"at most {MAX_GPUS_PER_KIND} GPUs of each kind cost ${most:g}/h"
+    else:
+        why = "no mix of whole nodes is priced within 85-100 % of it"
+    return f"--budget ${budget:g}/h buys no mix: {why}"
+
+
 def search_budget(model_entry, kinds, budget, catalog, cal, options, seq_len: int, top: int = 10):
     """The best plans of every mix a budget buys (:func:`mixes_within`), all in one batch, ranked
     by step time (the same global batch: the fastest trains soonest). Returns (rows with their
     mix, the plans in that order, the number of mixes, the number of plans)."""
     mixes = mixes_within(kinds, budget)
     if not mixes:
-        raise ValueError(f"budget: ${budget:g}/h buys no mix of whole nodes within 85-100 % of it")
+        raise ValueError(no_mix(kinds, budget))
     plans, owner = [], []
     for i, mix in enumerate(mixes):
         for p in candidates(mix, model_entry, options):

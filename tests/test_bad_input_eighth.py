@@ -240,3 +240,60 @@ def test_a_report_of_a_feasible_configuration_without_its_metric_is_refused(tmp)
         ["report", "{tmp}/nan.nc", "--no-validation", "--out", "{tmp}/rep"],
         ["nan.nc", "time_to_train_s is not a number for a feasible configuration"],
     )
+
+
+GX = """[gpus.gx]
+name = "X"
+vendor = "V"
+sm_count = 132
+peak_tflops_bf16 = 989.0
+peak_tflops_fp16 = 989.0
+peak_tflops_fp8 = 1979.0
+peak_tflops_fp32 = 67.0
+hbm_capacity_GiB = 80.0
+hbm_bw_GBps = 3350.0
+scaleup_link = "nvlink4"
+scaleup_domain = 8
+gpus_per_node = 8
+host_link = "pcie5"
+nic = "ib-ndr"
+nics_per_gpu = 1.0
+tdp_W = 700.0
+price_usd_per_hour = 6.0
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [  # a PFLOP/s figure read as TFLOP/s gave an MFU of 0.06 %; a kernel said to run, priced as none
+        ("measured_gemm_tflops_bf16 = 0.79\n", ["measured_gemm_tflops_bf16 = 0.79 is under 5%", "units the tool"]),
+        ("gemm_eff_bf16 = 0.8\nflash_attention = true\n", ["flash_attention = true", "attn_eff_fwd and attn_eff_bwd"]),
+    ],
+    ids=["gemm-unit-slip", "flash-without-rate"],
+)
+def test_a_catalog_figure_that_cannot_be_a_measurement_is_refused(tmp, extra, fragments):
+    (tmp / "c.toml").write_text(GX + extra)
+    args = ["evaluate", "--model", "llama2-7b", "--global-batch", "64", "--gpus", "8", "--gpu", "gx"]
+    check_refused(tmp, [*args, "--catalog", "{tmp}/c.toml"], ["c.toml", "gpus.gx.", *fragments])
+
+
+@pytest.mark.parametrize(
+    "budget, fragments",
+    [
+        ("inf", ["--budget must be a positive $ per hour; got inf"]),
+        ("1", ["--budget $1/h buys no mix: the cheapest node costs"]),
+        ("1e9", ["buys no mix: at most 256 GPUs of each kind cost"]),  # it said 'within 85-100 %', after a status line
+    ],
+)
+def test_a_budget_that_buys_nothing_is_refused_before_the_search(tmp, budget, fragments):
+    kinds = "a100-sxm-80gb,h100-sxm-80gb"
+    check_refused(tmp, ["plan", "--model", "llama2-7b", "--global-batch", "64", "--budget", budget, "--kinds", kinds],
+                  fragments)  # fmt: skip
+
+
+def test_an_optimize_search_over_an_efficiency_past_the_peak_is_refused(tmp):
+    """gemm_eff_bf16 = 1.5 was priced as a feasible point at 1.5 x the peak."""
+    study = (ROOT / "studies" / "optimize" / "llama2-13b-hardware.toml").read_text()
+    (tmp / "o.toml").write_text(study.replace("\n[search]\n", "\n[search]\ngemm_eff_bf16 = [0.5, 1.5]\n", 1))
+    check_refused(tmp, ["optimize", "{tmp}/o.toml", "--trials", "2", "--out", "{tmp}/out"],
+                  ["o.toml", "search.gemm_eff_bf16", "at most 1"])  # fmt: skip

@@ -1,6 +1,7 @@
 """``hetersim plan``: the heterogeneous plan the model finds best for a mix of devices."""
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ def _check_search(model, cluster, budget, kinds, trials: int, seed) -> None:
         raise ValueError("give --cluster (a mix you have) or --budget with --kinds (a mix to buy), not both")
     if model is None or (cluster is None and budget is None):
         raise ValueError("give --model and --cluster (or --budget with --kinds, or --study FILE)")
-    if budget is not None and not budget > 0:
+    if budget is not None and not (budget > 0 and math.isfinite(budget)):
         raise ValueError(f"--budget must be a positive $ per hour; got {budget}")
     if kinds is not None and not any(k.strip() for k in kinds.split(",")):
         raise ValueError(f"--kinds must name one or more device kinds, KIND,KIND; got {kinds!r}")
@@ -180,6 +181,8 @@ def _budget(catalog, label, entry, search, rest, top, out, as_json) -> None:
         (k, float(catalog.gpu(k)["price_usd_per_hour"]), node)
         for k, _, node in hsearch.mix_of(catalog, dict.fromkeys(names, 0))
     ]
+    if not hsearch.mixes_within(table, budget):  # before the status line and the search
+        raise ValueError(hsearch.no_mix(table, budget))
     seq = int(rest.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     try:
         api.shared_plan(catalog, names, rest, seq)

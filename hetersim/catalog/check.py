@@ -122,6 +122,9 @@ def _check_node(origin: str, label: str, entry: Entry) -> None:
 # boost clock it sustains under its power limit: a T4 (70 W) holds about 900 of 1590 MHz in long
 # GEMMs and sustains about 24 of 65 TFLOP/s fp16 (0.37; 0.79 x 900/1590 = 0.45).
 DEFAULT_MAMF_SHARE = 0.79
+# A measured figure under this share of its peak is a unit slip (PFLOP/s written as TFLOP/s reads as
+# 0.1 %), not a measurement: the lowest sustained share the sources above give is the T4's 0.37.
+MEASURED_FLOOR = 0.05
 
 
 def _measured_share(origin: str, label: str, entry: Entry, measured: str, peak: str) -> float | None:
@@ -133,6 +136,12 @@ def _measured_share(origin: str, label: str, entry: Entry, measured: str, peak: 
     if value > top:
         raise _fail(
             origin, f"{label}.{measured} = {value:g} exceeds {peak} = {top:g}; a measured rate cannot pass the peak"
+        )
+    if value < MEASURED_FLOOR * top:
+        raise _fail(
+            origin,
+            f"{label}.{measured} = {value:g} is under {MEASURED_FLOOR:.0%} of {peak} = {top:g}: give it in the "
+            "units the tool prints (TFLOP/s, GB/s), as measured",
         )
     return value / top
 
@@ -160,6 +169,13 @@ def _derive_efficiencies(origin: str, label: str, entry: Entry) -> None:
         clock = min(float(entry["sustained_clock_MHz"]) / float(entry["boost_clock_MHz"]), 1.0)
         entry["gemm_eff_bf16"] = DEFAULT_MAMF_SHARE * clock
     entry.setdefault("gemm_eff_fp8", entry["gemm_eff_bf16"] if entry["peak_tflops_fp8"] > 0 else 0.0)
+    missing = [k for k in ("attn_eff_fwd", "attn_eff_bwd") if not entry.get(k)]
+    if entry.get("flash_attention") is True and missing:  # said to run one, priced as running none
+        raise _fail(
+            origin,
+            f"{label}.flash_attention = true needs the fused kernel's rate: give {' and '.join(missing)} "
+            "(or measured_attn_tflops_fwd / _bwd)",
+        )
 
 
 def _derive_busbw(origin: str, label: str, entry: Entry) -> None:
