@@ -515,6 +515,9 @@ def check_inert(model: Mapping[str, Any], given: Mapping[str, Any], resolved: Ma
             "fp8_attention",
             "precision",
         )
+    if resolved.get("fp8_attention") and resolved.get("attention") == Attention.MATERIALIZED.label:
+        raise FieldError("{0} runs in cuDNN's fused attention kernel; {1} materialized is not one", "fp8_attention",
+                         "attention")  # fmt: skip
     if not int(model.get("kv_lora_rank", 0) or 0) and resolved.get("mla_up_proj"):
         raise FieldError("{0} recomputes MLA's up projections; the model has no multi-head latent attention",
                          "mla_up_proj")  # fmt: skip

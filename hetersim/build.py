@@ -109,6 +109,11 @@ def moe_fields(entry: Mapping[str, Any]) -> dict[str, float]:
             f"model {name}: needs moe_every >= 1 and dense_layers < layers = {layers:g}; got {every:g}, {dense:g}"
         )
     moe_layers = float((layers - dense) // every) if n_exp > 0 else 0.0
+    if n_exp > 0 and moe_layers < 1:  # priced as dense, the experts named
+        raise ValueError(f"model {name}: moe_every = {every:g} past dense_layers = {dense:g} leaves no MoE layer "
+                         f"of the {layers:g}")  # fmt: skip
+    if n_exp > 0 and "shared_experts" in entry and not _count(entry, "shared_experts") and shared > 0:
+        raise ValueError(f"model {name}: shared_experts = 0 contradicts shared_ffn_hidden = {shared:g}")
     kv_lora = _count(entry, "kv_lora_rank")
     head_dim = float(entry.get("head_dim") or entry["hidden"] / entry["heads"])
     window = _count(entry, "sliding_window")
@@ -165,6 +170,10 @@ def _route_groups(entry: Mapping[str, Any], name: str, n_exp: float) -> tuple[fl
             f"model {name}: route_groups must divide n_experts = {n_exp:g} and route_group_topk be "
             f"between 1 and route_groups; got {groups:g}, {topk:g}"
         )
+    reach = topk * n_exp / groups  # the experts a token's groups hold
+    if _count(entry, "top_k") > reach:
+        raise ValueError(f"model {name}: top_k = {_count(entry, 'top_k'):g} is more than the {reach:g} experts "
+                         f"its route_group_topk = {topk:g} of route_groups = {groups:g} hold")  # fmt: skip
     return (0.0, 0.0) if topk >= groups else (groups, topk)
 
 

@@ -297,3 +297,64 @@ def test_an_optimize_search_over_an_efficiency_past_the_peak_is_refused(tmp):
     (tmp / "o.toml").write_text(study.replace("\n[search]\n", "\n[search]\ngemm_eff_bf16 = [0.5, 1.5]\n", 1))
     check_refused(tmp, ["optimize", "{tmp}/o.toml", "--trials", "2", "--out", "{tmp}/out"],
                   ["o.toml", "search.gemm_eff_bf16", "at most 1"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "values, fragments",
+    [  # scored as a 100 % miss (an infeasible prediction); a switch of 2 read as on
+        ({"ep": "3"}, ["ep 3 does not divide the model's 128 experts", "columns ep, etp"]),
+        ({"sp": "2"}, ["column sp must be 0 or 1"]),
+    ],
+    ids=["ep-not-dividing", "switch-two"],
+)
+def test_a_runs_row_that_cannot_run_is_refused(tmp, values, fragments):
+    _runs_file(tmp, **values)
+    check_refused(tmp, ["validate", "--runs", "{tmp}/r.csv"], ["r.csv", "mb006", *fragments])
+
+
+MOE_MODEL = """[models.mm]
+name = "m"
+layers = 8
+hidden = 2048
+heads = 16
+kv_heads = 8
+ffn_hidden = 8192
+vocab = 32000
+mlp = "gated"
+seq_len = 2048
+tied_embeddings = false
+n_experts = 8
+top_k = 4
+moe_ffn_hidden = 1024
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [  # priced as dense with its experts named; top-4 priced where 2 experts are reachable; a count contradicted
+        ("moe_every = 9\n", ["moe_every = 9", "leaves no MoE layer"]),
+        ("route_groups = 4\nroute_group_topk = 1\n", ["top_k = 4 is more than the 2 experts"]),
+        ("shared_experts = 0\nshared_ffn_hidden = 2048\n", ["shared_experts = 0 contradicts shared_ffn_hidden"]),
+    ],
+    ids=["moe-every-past-layers", "groups-reach", "shared-zero"],
+)
+def test_a_catalog_moe_model_that_contradicts_itself_is_refused(tmp, extra, fragments):
+    (tmp / "m.toml").write_text(MOE_MODEL + extra)
+    args = ["evaluate", "--model", "mm", "--catalog", "{tmp}/m.toml", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
+    check_refused(tmp, [*args, "--global-batch", "64"], ["model m", *fragments])
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--precision", "fp8", "--fp8-attention", "--attention", "materialized"], ["--fp8-attention", "materialized"]),
+        (  # int() read the Arabic-Indic digit as 8
+            ["--cluster", "h100-sxm-80gb:4,a100-sxm-80gb:4", "--pp", "2", "--layers-per-stage", "\u0668,24"],
+            ["--layers-per-stage", "not a whole number of layers"],
+        ),
+    ],
+    ids=["fp8-attention-materialized", "layers-other-script"],
+)
+def test_a_kernel_or_layer_count_that_cannot_be_is_refused(tmp, args, fragments):
+    base = ["evaluate", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "64"]
+    check_refused(tmp, [*base, *([] if "--cluster" in args else ["--gpu", "h100-sxm-80gb"]), *args], fragments)

@@ -18,7 +18,7 @@ from hetersim.api import FROM_MODEL
 from hetersim.catalog import model_entry, model_from_dims
 from hetersim.planfields import FIELDS, REQUIRED, PlanField
 from hetersim.recipe import MEGATRON_MODEL_FLAGS
-from hetersim.types import FieldError
+from hetersim.types import FieldError, decimal_digits
 
 from .app import context, positive
 
@@ -200,6 +200,8 @@ def layer_counts(values: list[str]) -> list[int]:
     out = []
     for part in (p.strip() for v in values for p in str(v).split(",")):
         try:
+            if not decimal_digits(part):  # int() reads '٨' and '0_8' as 8
+                raise ValueError(part)
             out.append(int(part))
         except ValueError:
             raise typer.BadParameter(

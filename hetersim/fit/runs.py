@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import build
+from ..planrules import check_experts
 from ..terms.flops import megatron_flops_per_token
-from ..types import ATTENTION
+from ..types import ATTENTION, FieldError
 from ..units import TFLOP
 from .stacks import Stack, load_stacks, row_stack
 
@@ -217,6 +218,14 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
     accounting = row.fields["flops_accounting"].strip().lower()
     if accounting not in ("", "model", "hardware"):
         raise ValueError(f"{where}: column flops_accounting must be model or hardware; got {accounting!r}")
+    for col in ("sp", "ep_overlap"):  # switches: 2 was read as on
+        if (row.fields.get(col) or "").strip() not in ("", "0", "1"):
+            raise ValueError(f"{where}: column {col} must be 0 or 1; got {row.fields[col].strip()!r}")
+    if int(model.get("n_experts", 0) or 0) > 1:  # an expert layout that cannot be placed was scored as a miss
+        try:
+            check_experts(model, plan)
+        except FieldError as error:
+            raise ValueError(f"{where}: {error.named({'tp': 'tp', 'cp': 'cp'})} (columns ep, etp)") from None
 
 
 # The MoE columns of moe_runs.csv (data/README.md); a file without them is dense.
