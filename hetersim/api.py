@@ -427,9 +427,10 @@ def _check_kernel(entry: Mapping[str, Any], plan_s: Any) -> None:
 
     if not bool(np.asarray(_compiled("kernel")(build.device_spec(entry), plan_s))):
         kernel = Attention(int(plan_s.attention_code)).label
-        message = (
-            f"{{0}} {kernel} cannot run on {entry.get('name', '?')} (no fused attention kernel there); use materialized"
-        )
+        why = "no fused attention kernel there"
+        if entry.get("flash_attention", True) and not (entry.get("attn_eff_fwd") and entry.get("attn_eff_bwd")):
+            why = "its catalog entry gives no fused-attention rate: attn_eff_fwd and attn_eff_bwd"  # flash said to run
+        message = f"{{0}} {kernel} cannot run on {entry.get('name', '?')} ({why}); use materialized"
         raise FieldError(message, "attention")
 
 

@@ -169,13 +169,6 @@ def _derive_efficiencies(origin: str, label: str, entry: Entry) -> None:
         clock = min(float(entry["sustained_clock_MHz"]) / float(entry["boost_clock_MHz"]), 1.0)
         entry["gemm_eff_bf16"] = DEFAULT_MAMF_SHARE * clock
     entry.setdefault("gemm_eff_fp8", entry["gemm_eff_bf16"] if entry["peak_tflops_fp8"] > 0 else 0.0)
-    missing = [k for k in ("attn_eff_fwd", "attn_eff_bwd") if not entry.get(k)]
-    if entry.get("flash_attention") is True and missing:  # said to run one, priced as running none
-        raise _fail(
-            origin,
-            f"{label}.flash_attention = true needs the fused kernel's rate: give {' and '.join(missing)} "
-            "(or measured_attn_tflops_fwd / _bwd)",
-        )
 
 
 def _derive_busbw(origin: str, label: str, entry: Entry) -> None:

@@ -222,8 +222,8 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
         if (row.fields.get(col) or "").strip() not in ("", "0", "1"):
             raise ValueError(f"{where}: column {col} must be 0 or 1; got {row.fields[col].strip()!r}")
     if int(model.get("n_experts", 0) or 0) > 1:  # an expert layout that cannot be placed was scored as a miss
-        try:
-            check_experts(model, plan)
+        try:  # the placement rules every stack shares; sequence parallelism under TP is Megatron-Core's own
+            check_experts(model, {**plan, "sp": True})
         except FieldError as error:
             raise ValueError(f"{where}: {error.named({'tp': 'tp', 'cp': 'cp'})} (columns ep, etp)") from None
 
