@@ -278,7 +278,8 @@ def _moe(row: Row, model: dict[str, Any], catalog, path, n) -> dict[str, Any]:
     f = row.fields
     raw = (f.get("n_experts") or "").strip()
     if not raw:
-        given = [c for c in (*MOE_COLUMNS[1:], "ep", "etp") if (f.get(c) or "").strip() not in ("", "0", "1")]
+        experts_only = ("top_k", "moe_ffn_hidden", "shared_experts", "ep", "etp")  # a dense row may give dense_*
+        given = [c for c in experts_only if (f.get(c) or "").strip() not in ("", "0", "1")]
         if given:  # priced as dense, the layout still naming its experts
             raise ValueError(f"{path}: row {row.id}: column {given[0]} is given without n_experts (a dense row)")
         return {}
