@@ -15,7 +15,7 @@ import pytest
 
 from dse.atomic import nc_target
 from tests.test_bad_input import check_refused
-from tests.test_bad_input_seventh import _results
+from tests.test_bad_input_seventh import MODEL, _results
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8"]
@@ -311,27 +311,13 @@ def test_a_runs_row_that_cannot_run_is_refused(tmp, values, fragments):
     check_refused(tmp, ["validate", "--runs", "{tmp}/r.csv"], ["r.csv", "mb006", *fragments])
 
 
-MOE_MODEL = """[models.mm]
-name = "m"
-layers = 8
-hidden = 2048
-heads = 16
-kv_heads = 8
-ffn_hidden = 8192
-vocab = 32000
-mlp = "gated"
-seq_len = 2048
-tied_embeddings = false
-n_experts = 8
-top_k = 4
-moe_ffn_hidden = 1024
-"""
+MOE_MODEL = MODEL + "n_experts = 8\ntop_k = 4\nmoe_ffn_hidden = 1024\n"  # 4 layers
 
 
 @pytest.mark.parametrize(
     "extra, fragments",
     [  # priced as dense with its experts named; top-4 priced where 2 experts are reachable; a count contradicted
-        ("moe_every = 9\n", ["moe_every = 9", "leaves no MoE layer"]),
+        ("moe_every = 5\n", ["moe_every = 5", "leaves no MoE layer"]),
         ("route_groups = 4\nroute_group_topk = 1\n", ["top_k = 4 is more than the 2 experts"]),
         ("shared_experts = 0\nshared_ffn_hidden = 2048\n", ["shared_experts = 0 contradicts shared_ffn_hidden"]),
     ],
@@ -339,8 +325,8 @@ moe_ffn_hidden = 1024
 )
 def test_a_catalog_moe_model_that_contradicts_itself_is_refused(tmp, extra, fragments):
     (tmp / "m.toml").write_text(MOE_MODEL + extra)
-    args = ["evaluate", "--model", "mm", "--catalog", "{tmp}/m.toml", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
-    check_refused(tmp, [*args, "--global-batch", "64"], ["model m", *fragments])
+    args = ["evaluate", "--model", "m", "--catalog", "{tmp}/m.toml", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
+    check_refused(tmp, [*args, "--global-batch", "64"], ["model M", *fragments])
 
 
 @pytest.mark.parametrize(
