@@ -104,8 +104,9 @@ def check_codes(ds, dim: str) -> None:
     for name in ("feasible", "pareto"):  # read as booleans: NaN or 2 would read as true
         var = ds.variables.get(name)
         values = np.asarray(var.values, dtype=float) if var is not None else np.zeros(0)
-        if not np.isin(values, (0.0, 1.0)).all():
-            raise ValueError(f"{name} holds {values[~np.isin(values, (0.0, 1.0))][0]}; it is 0 or 1 for each record")
+        bad = values[~np.isin(values, (0.0, 1.0))]
+        if bad.size:
+            raise ValueError(f"{name} holds {bad[0]}; it is 0 or 1 for each record")
 
 
 def decode_names(ds, dim: str):

@@ -293,14 +293,9 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
         raise FieldError("{0} is required (give it, or global_batch in the plan file)", "global_batch")
     hp = dataclasses.replace(hp, options=opts)
     text = cluster or hp.cluster
-    counts = hplan.parse_cluster_counts(text) if text else hp.gpus()
-    if (
-        cluster
-        and hp.cluster
-        and cluster_keys(cat, counts) != cluster_keys(cat, hplan.parse_cluster_counts(hp.cluster))
-    ):
+    counts, hp = cluster_keys(cat, hplan.parse_cluster_counts(text) if text else hp.gpus()), keyed(cat, hp)
+    if cluster and hp.cluster and counts != cluster_keys(cat, hplan.parse_cluster_counts(hp.cluster)):
         raise FieldError(f"{{0}} {cluster} contradicts the plan file's cluster {hp.cluster!r}", "cluster")
-    counts, hp = cluster_keys(cat, counts), keyed(cat, hp)
     entries = [_in_file(origin if not cluster else "", cat.gpu, k) for k in counts]
     hplan.check(hp, model_entry, counts, origin)
     seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))

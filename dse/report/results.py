@@ -62,15 +62,15 @@ def _check_attrs(ds) -> None:
         got = bad[0] if bad else f"{len(senses)} senses for {len(names)} objectives"
         raise ValueError(f"objective_senses must be 'min' or 'max' for each objective; got {got!r}")
     drawn = dict.fromkeys([*REQUIRED, *names, *(v for v in ds.data_vars if v in METRICS)])
+    feasible = np.asarray(ds["feasible"].values, dtype=float) == 1.0 if "feasible" in ds.variables else None
     for name in drawn:  # what the fronts and tables read: one number per configuration
         var = ds[name]
         if var.dims != ("config",) or not np.issubdtype(var.dtype, np.number) and var.dtype != bool:
             raise ValueError(f"{name} must be numbers along config; it is {var.dtype} over {var.dims}")
         if name in (*REQUIRED[1:], *names) and bool(np.any(np.asarray(var.values, dtype=float) < 0)):
             raise ValueError(f"{name} holds negative values; every metric it reports is >= 0")
-        if name in (*REQUIRED[1:], *names) and "feasible" in ds.variables:  # a front of NaN: 'All-NaN slice'
-            ok = np.asarray(ds["feasible"].values, dtype=float) == 1.0
-            if not np.isfinite(np.asarray(var.values, dtype=float)[ok]).all():
+        if name in (*REQUIRED[1:], *names) and feasible is not None:  # a front of NaN: 'All-NaN slice'
+            if not np.isfinite(np.asarray(var.values, dtype=float)[feasible]).all():
                 raise ValueError(f"{name} is not a number for a feasible configuration; a sweep writes one for each")
 
 

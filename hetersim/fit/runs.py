@@ -225,7 +225,7 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
         try:  # the placement rules every stack shares; sequence parallelism under TP is Megatron-Core's own
             check_experts(model, {**plan, "sp": True})
         except FieldError as error:
-            raise ValueError(f"{where}: {error.named({'tp': 'tp', 'cp': 'cp'})} (columns ep, etp)") from None
+            raise ValueError(f"{where}: {error} (columns ep, etp)") from None
 
 
 # The MoE columns of moe_runs.csv (data/README.md); a file without them is dense.
