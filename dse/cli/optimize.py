@@ -254,4 +254,6 @@ def optimize_cmd(
     if trials > MAX_TRIALS:
         raise ValueError(f"--trials must be an integer from 0 to {MAX_TRIALS:,}; got {trials:,}")
     check_seed(seed)
+    if trials == 0 and storage is None:  # nothing to run, nothing stored: a results file of no trial
+        raise ValueError("--trials 0 only writes the trials a --storage study holds; give --storage, or --trials > 0")
     optimize_command(study, trials, sampler, seed, out, storage, study_name, batch, as_json)

@@ -234,7 +234,8 @@ def run_optimize(
     sampler_obj = make_sampler(sampler, space, seed)
     solver = InnerSolver(space, batch=batch, cal=cal)
     try:
-        study = open_study(space, open_storage(storage), name, sampler_obj)
+        stored = _export_only(storage, name) if trials == 0 and storage is not None else open_storage(storage)
+        study = open_study(space, stored, name, sampler_obj)
     except AssertionError:  # optuna's journal replay met records it cannot place
         raise ValueError(f"--storage {storage}: not an Optuna journal file (its records cannot be replayed)") from None
     _enqueue_corners(study, space, sampler_obj, trials, batch)
@@ -273,6 +274,19 @@ def run_optimize(
         outer_size=space.outer_size,
     )
     return summary
+
+
+def _export_only(storage: str, name: str) -> Any:
+    """The storage a run of no trials writes from, opened without creating or adding anything:
+    refused where the journal file does not exist or holds no trial of study ``name``."""
+    import optuna
+
+    if "://" not in storage and not Path(storage).expanduser().exists():
+        raise ValueError(f"--storage {storage}: no such journal file (--trials 0 only writes what a storage holds)")
+    stored = open_storage(storage)
+    if not any(s.study_name == name and s.n_trials for s in optuna.get_all_study_summaries(stored, False)):
+        raise ValueError(f"--storage {redact(storage)} holds no trial of study {name!r}; run it with --trials > 0")
+    return stored
 
 
 def worker_seed(seed: int | None, storage: str | None) -> int:
