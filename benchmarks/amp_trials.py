@@ -21,7 +21,11 @@ the failed trials (``r_cost: inf``) the model flags. A failed trial need not hav
 memory: AMP's launcher kills a trial after 200 s of wall time, start-up and 41 iterations included
 (``DS/launcher/launch.py`` l.178-184 at 72eeea4), so the count of failed trials the model flags or
 prices slower than :data:`TIMEOUT_ITER_S` per iteration is printed too. The devices and networks come from
-``tests/data/plans/kinds.toml`` (a user catalog file), the stack is ``deepspeed`` and gradients
+``tests/data/plans/kinds.toml`` (a user catalog file), the stack is ``deepspeed-2020`` (DeepSpeed
+0.3's pipeline engine with Megatron-LM v1.1.5, which AMP vendors: every micro-batch's send carries
+the fp16 ``[1, 1, s, s]`` attention mask from each TP rank, and each TP rank sends the whole
+activation gradient back, ``is_grad_partitioned = False``; ``catalog/stacks.toml`` cites the lines;
+``--stack deepspeed`` prices today's DeepSpeed instead) and gradients
 are reduced in fp32, as AMP's ``examples/ds_config.json`` sets (``fp32_allreduce``); sequence
 parallelism is off, which AMP's Megatron-LM v1.1.5 predates (it came with Korthikanti et al. 2022).
 
@@ -57,6 +61,7 @@ V100, T4 = "v100-16gb", "t4-16gb"
 TIMEOUT_ITER_S = 200.0 / 41  # AMP's 200 s launcher limit over its 41 iterations (start-up left out)
 FIRST_T4_RANK = 12  # nodes 0-2 are the p3.8xlarge nodes (src/het_cluster.py cluster_info)
 N_GPUS = 16
+STACK = "deepspeed-2020"  # set by --stack
 
 
 def trials(text: str) -> list[dict]:
@@ -96,7 +101,7 @@ def plan_of(
             kind = V100 if s * t["tp"] * t["dp"] + r * t["tp"] < first_t4 else T4
             reps[kind] = reps.get(kind, 0) + 1
         stages.append(hplan.Stage(layers, tuple(hplan.Replica(k, t["tp"], n) for k, n in reps.items())))
-    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack="deepspeed", sp=False)
+    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack=STACK, sp=False)
     opts["recompute"] = recompute
     opts["fragmentation"] = fragmentation
     opts["grad_reduce"] = grad_reduce
@@ -131,7 +136,10 @@ def main() -> None:
         default=0.0,
         help="allocator fragmentation allowance of every trial (the plan field; 0.15 is GMLake's mean)",
     )
+    ap.add_argument("--stack", default="deepspeed-2020", help="software-stack profile (default: AMP's DeepSpeed 0.3)")
     args = ap.parse_args()
+    global STACK
+    STACK = args.stack
 
     from hetersim import api, build, hsim
     from hetersim.catalog import load_catalog, model_from_dims

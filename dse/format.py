@@ -236,13 +236,20 @@ def stack_summary(plan: Mapping[str, Any], runs_te: bool = True, attention: str 
 _EXPERTS = {"streams": "per expert on 4 streams", "grouped": "one grouped kernel", "loop": "per expert, one at a time"}
 
 
+def _sends(st: Mapping[str, Any]) -> str:
+    """What a stack's pipeline sends beyond the activation and its gradient split alike."""
+    notes = [n for n, on in (("each micro-batch with its attention mask", st["p2p_mask"]),
+                             ("gradients sent whole", st["p2p_full_grads"])) if on]  # fmt: skip
+    return f" ({', '.join(notes)})" if notes else ""
+
+
 def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     on = lambda v: "on" if v else "off"  # noqa: E731
     con.print(
         f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
         f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}"
         f"{' (Transformer Engine needs Ampere or newer)' if st['tp_overlap_needs_te'] else ''}, "
-        f"pipeline-send overlap {on(st['p2p_overlap'])}, gradient-reduction overlap {on(st['dp_overlap'])}"
+        f"pipeline-send overlap {on(st['p2p_overlap'])}{_sends(st)}, gradient-reduction overlap {on(st['dp_overlap'])}"
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}"
         f", ZeRO 1-2 weights gathered {'in the next forward' if st['param_gather_overlap'] else 'after the step'}"
         f"{', sharded data parallelism per FSDP unit' if st['fsdp_units'] else ''}, "

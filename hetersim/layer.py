@@ -28,6 +28,10 @@ from .types import Attention, Recompute, Stack
 # tp_overlap). Each of the tp steps of a decomposed matmul is a smaller GEMM, and the copies take
 # SMs from it.
 ASYNC_TP_HIDDEN = 0.5
+# Bytes per element of the attention mask a stack sends down the pipeline (p2p_mask): DeepSpeed 0.3
+# casts the boolean mask to half to send it (DachengLi1/AMP @ 72eeea4 DeepSpeed/deepspeed/runtime/
+# pipe/engine.py l.808-813: "NCCL does not like to send torch.BoolTensor types").
+MASK_BYTES = 2.0
 
 
 @spec
@@ -243,7 +247,14 @@ def p2p_chunk_s(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     # scatters it (p2p_scatter_gather: Megatron-LM's scatter/gather, DeepSpeed's partitioning).
     split = (plan.sp > 0) | (compute.stack_fact(stacks.table().p2p_scatter_gather, plan) > 0)
     nbytes = T * model.hidden * compute.act_bytes(plan) / jnp.where(split, plan.tp, 1.0)
-    p2p = 2.0 * plan.vp * comm.p2p_s(system.network, s_pp, nbytes, n=plan.pp)
+    # DeepSpeed 0.3's engine sends the gradient whole from every TP rank (p2p_full_grads), and
+    # Megatron-LM v1.1.5's pipe passes the [1, 1, s, s] fp16 attention mask beside each
+    # micro-batch's activation (p2p_mask): MASK_BYTES per mask element, whatever the micro-batch.
+    whole = (compute.stack_fact(stacks.table().p2p_full_grads, plan) > 0) & (plan.sp <= 0)  # SP splits it at its source
+    grad_bytes = jnp.where(whole, T * model.hidden * compute.act_bytes(plan), nbytes)
+    has_mask = compute.stack_fact(stacks.table().p2p_mask, plan)
+    send = comm.p2p_s(system.network, s_pp, nbytes + has_mask * MASK_BYTES * plan.seq_len**2, 1.0 + has_mask, plan.pp)
+    p2p = plan.vp * (send + comm.p2p_s(system.network, s_pp, grad_bytes, n=plan.pp))
     # A stack whose pipeline sends block (DeepSpeed's engine) hides none of it.
     hidden = cal.pp_overlap * compute.stack_fact(stacks.table().p2p_overlap, plan)
     return jnp.where(plan.pp > 1, (1.0 - hidden) * p2p, 0.0)

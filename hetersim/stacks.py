@@ -42,6 +42,8 @@ _SWITCHES = (
     "op_level_sac",
     "chunk_grad_sync",
     "fsdp_units",
+    "p2p_full_grads",
+    "p2p_mask",
 )
 _FACTS = ("attention", "loss", "elementwise", "experts", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
@@ -64,6 +66,8 @@ class Profile:
     op_level_sac: bool
     chunk_grad_sync: bool
     fsdp_units: bool
+    p2p_full_grads: bool
+    p2p_mask: bool
     sources: dict[str, str]
 
 
@@ -86,6 +90,8 @@ class StackTable:
     op_level_sac: np.ndarray  # 1.0 where selective recomputation is torchtitan's op-level policy
     chunk_grad_sync: np.ndarray  # 1.0 where an interleaved pipeline reduces each chunk's gradients early
     fsdp_units: np.ndarray  # 1.0 where sharded data parallelism gathers and reduces one FSDP unit at a time
+    p2p_full_grads: np.ndarray  # 1.0 where every TP rank sends a stage's whole activation gradient back
+    p2p_mask: np.ndarray  # 1.0 where each micro-batch's send carries the s x s attention mask
 
 
 def default_path() -> Path:

@@ -144,7 +144,9 @@ class Dispatcher(Choice):
 # "deepspeed" DeepSpeed ZeRO and its pipeline engine (Megatron-DeepSpeed);
 # "fsdp" PyTorch FSDP / FSDP2 frameworks running eager Hugging Face-style modules
 # (HF Accelerate / Trainer, llm-foundry / Composer); "maxtext" JAX/MaxText on NVIDIA GPUs;
-# "llm-foundry" llm-foundry / Composer as in its 2023 MPT benchmark tables (Triton FlashAttention).
+# "llm-foundry" llm-foundry / Composer as in its 2023 MPT benchmark tables (Triton FlashAttention);
+# "deepspeed-2020" DeepSpeed 0.3's pipeline engine with DeepSpeedExamples' Megatron-LM v1.1.5
+# (the 3D-parallelism example AMP and the ZeRO-Offload tutorial ran).
 StackName = Literal[
     "megatron",
     "megatron-legacy",
@@ -155,6 +157,7 @@ StackName = Literal[
     "maxtext",
     "llm-foundry",
     "torchtitan-async-tp",
+    "deepspeed-2020",
 ]
 
 
@@ -168,6 +171,7 @@ class Stack(Choice):
     MAXTEXT = 6
     LLM_FOUNDRY = 7
     TORCHTITAN_ASYNC_TP = 8
+    DEEPSPEED_2020 = 9
 
 
 # Memory tiers a state can live on. Index 0 is the device's own HBM ("no offload").

@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 13
+        assert len(facts) == 15
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -667,3 +667,30 @@ def test_legacy_megatron_pipeline_sends_block_and_carry_a_tp_share(catalog, cal)
     assert float(p2p_chunk_s(m, system, legacy, cal)) == pytest.approx(2 * 2 * send(whole / 8), rel=1e-6)
     hidden = float(cal.pp_overlap)
     assert float(p2p_chunk_s(m, system, core, cal)) == pytest.approx((1 - hidden) * 2 * 2 * send(whole), rel=1e-6)
+
+
+def test_deepspeed_2020_sends_the_mask_with_every_micro_batch_and_whole_gradients(catalog, cal):
+    """DeepSpeed 0.3's pipeline engine with Megatron-LM v1.1.5 (AMP's stack): the [1, 1, s, s] fp16
+    attention mask goes with every micro-batch's activation, the same bytes whatever the micro-batch,
+    and every TP rank sends the whole activation gradient back (is_grad_partitioned = False) unless
+    sequence parallelism split it at its source; without a pipeline nothing differs from DeepSpeed."""
+    from hetersim.layer import p2p_chunk_s
+
+    base = dict(n_gpus=16, pp=4, tp=1, sp=False, global_batch=64, seq_len=2048, precision="fp16")
+    base["attention"] = "materialized"  # the two profiles' kernels differ; the sends are compared
+
+    def chunk(stack, **opts):
+        m, s, p = make(catalog, "llama2-7b", **{**base, **opts, "stack": stack})
+        return float(p2p_chunk_s(m, s, p, cal))
+
+    def extra(**opts):
+        return chunk("deepspeed-2020", **opts) - chunk("deepspeed", **opts)
+
+    assert extra(micro_batch=1) > 0
+    assert extra(micro_batch=4) == pytest.approx(extra(micro_batch=1), rel=1e-4)  # the mask alone
+    mask_only = extra(tp=4, sp=True, micro_batch=4)
+    assert mask_only > 0 and extra(tp=4, sp=False, micro_batch=4) > mask_only  # + the whole gradients
+    assert extra(tp=4, sp=False, micro_batch=8) > extra(tp=4, sp=False, micro_batch=4)
+    flat = dict(n_gpus=8, pp=1, tp=1, global_batch=64, seq_len=2048, precision="fp16", attention="materialized")
+    old, new = (sim(*make(catalog, "llama2-7b", **flat, stack=st), cal) for st in ("deepspeed", "deepspeed-2020"))
+    assert float(new.step_time_s) == float(old.step_time_s) and float(new.hbm_used_GiB) == float(old.hbm_used_GiB)

@@ -130,12 +130,15 @@ def expert_dp(plan: Plan):
 # ``single_partition_of_fp32_groups[i].grad``; runtime/fp16/fused_optimizer.py: the flat fp32
 # groups' grads without ZeRO) beside the model's 16-bit gradients, which it keeps and reduces in
 # the model's dtype (``communication_data_type`` defaults to it): 2 + 2 + (4 + 12) = 20 bytes per
-# parameter unsharded.
+# parameter unsharded. DeepSpeed 0.3 (the deepspeed-2020 stack) does the same: its FP16 optimizer
+# gives the flat fp32 groups a gradient (DachengLi1/AMP @ 72eeea4 DeepSpeed/deepspeed/runtime/fp16/
+# fused_optimizer.py l.108), ZeRO 2 its fp32 partition (runtime/zero/stage2.py l.1429).
 FP32_GRAD_COPY_BYTES = 4.0
 
 
 def deepspeed_16bit(plan: Plan):
-    return (plan.stack_code == Stack.DEEPSPEED) & (plan.precision_code != Precision.FP32)
+    deepspeed = (plan.stack_code == Stack.DEEPSPEED) | (plan.stack_code == Stack.DEEPSPEED_2020)
+    return deepspeed & (plan.precision_code != Precision.FP32)
 
 
 def grad_bytes(plan: Plan):
