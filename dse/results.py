@@ -72,6 +72,8 @@ def open_file(path: Path, missing: str = ""):
     dimension. The API's :func:`open_results` and the report's reader both start here."""
     import xarray as xr
 
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder, not a results file (a .nc written by sweep or optimize)")
     if not path.is_file():
         raise ValueError(f"{path}: no such results file{missing}")
     try:

@@ -369,6 +369,8 @@ def _mix(origin: str, table: Any, doc: Mapping[str, Any], base: Path | None) -> 
     if len(kinds) > MAX_GROUPS:
         raise _err(origin, f"{key}.kinds", f"{len(kinds)} kinds; at most {MAX_GROUPS}")
     step = table.get("step")
+    if step is None:
+        raise _err(origin, f"{key}.step", "missing (the GPUs of each kind come in multiples of it)")
     if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
         raise _err(origin, f"{key}.step", f"must be a positive integer; got {step!r}")
     if ("total" in table) == ("budget_usd_per_hour" in table):

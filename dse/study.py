@@ -461,8 +461,9 @@ def _plan_axis(origin: str, key: str, value: Any, ctx: _AutoContext) -> tuple[An
         options = CATEGORICAL[key]
         values = _strings(origin, full, value)
         for v in values:
-            if v not in options:
-                raise _err(origin, full, f'must be one of {", ".join(options)} or "auto"; got {v!r}')
+            if v not in options:  # "auto" offered only where it is an option or the study has a rule for it
+                auto = ' or "auto"' if key in AUTO_RULES and not is_option else ""
+                raise _err(origin, full, f"must be one of {', '.join(options)}{auto}; got {v!r}")
         return values
     f = planfields.BY_NAME[key]
     if f.kind == "bool":

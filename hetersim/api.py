@@ -271,6 +271,17 @@ def _in_file(origin: str, fn, *args, **kwargs):
         raise ValueError(f"{origin}: {error}" if origin else str(error)) from None
 
 
+def _from_file(origin: str, given: Mapping[str, Any], fn, *args):
+    """``fn(*args)``; a :class:`FieldError` about fields the command line did not give names the
+    plan file ``origin`` and the fields' keys in it, not flags the user never wrote."""
+    try:
+        return fn(*args)
+    except FieldError as error:
+        if origin and not any(f in given for f in error.fields):
+            raise ValueError(f"{origin}: {error}") from None
+        raise
+
+
 def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origin: str) -> Configuration:
     """A heterogeneous plan (:mod:`hetersim.hplan`) built, checked and evaluated; ``given``: plan
     fields from flags (they may add to the file's, not contradict them)."""
@@ -299,15 +310,15 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     entries = [_in_file(origin if not cluster else "", cat.gpu, k) for k in counts]
     hplan.check(hp, model_entry, counts, origin)
     seq = int(opts.get("seq_len") or model_entry.get("seq_len", DEFAULT_SEQ_LEN))
-    check_plan_file(hp, model_entry, opts, seq, origin)
+    _from_file(origin, given, check_plan_file, hp, model_entry, opts, seq, origin)
     used = hp.gpus()
     if given.get("n_gpus") is not None and int(given["n_gpus"]) != sum(used.values()):
         raise FieldError(f"{{0}} {given['n_gpus']} contradicts the plan's {sum(used.values())} GPUs", "n_gpus")
-    plan_s = _in_file(origin, shared_plan, cat, hp.kinds(), opts, seq)
+    plan_s = _from_file(origin, given, _in_file, origin, shared_plan, cat, hp.kinds(), opts, seq)
     defaults = {k: v for k, v in DEFAULTS.items() if isinstance(v, str | int | float | bool | type(None))}
     resolved = _resolved({**defaults, **opts, "seq_len": seq, "n_gpus": sum(used.values())}, plan_s)
     stages = max(len(p.stages) for p in hp.pipelines) if hp.pipelines else 1
-    check_inert(model_entry, opts, {**resolved, "pp": stages})  # before the plan is compiled and run
+    _from_file(origin, given, check_inert, model_entry, opts, {**resolved, "pp": stages})  # before it runs
     resolved.update(tp=None, pp=None, dp=None, plan=hp.as_dict())
     m = build.model_spec(model_entry)
     hs = _in_file(origin, hsim.hetero_spec, hp, cat, counts, shape=hsim.padded_shape(hp))

@@ -340,14 +340,18 @@ def corner_points(space: SearchSpace) -> list[dict[str, Any]]:
 def open_study(space: SearchSpace, storage: Any, study_name: str, sampler: Any):
     import optuna
 
+    # A study the storage holds is loaded, never created again: Optuna's create_study with
+    # load_if_exists appends a create record before it finds the name taken, and a run refused
+    # below must leave a journal that workers share as it was.
+    held = any(s.study_name == study_name for s in optuna.get_all_study_summaries(storage, False))
     try:
-        study = optuna.create_study(
-            storage=storage,
-            sampler=sampler,
-            study_name=study_name,
-            directions=space.directions,
-            load_if_exists=True,
-        )
+        if held:
+            study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        else:
+            directions = space.directions  # load_if_exists: another worker may create it first
+            study = optuna.create_study(
+                storage=storage, sampler=sampler, study_name=study_name, directions=directions, load_if_exists=True
+            )
     except ValueError as error:
         raise ValueError(f"--study-name {study_name}: {error}") from None
     stored = study.user_attrs.get(FINGERPRINT_ATTR)

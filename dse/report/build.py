@@ -61,6 +61,9 @@ def build_report(
     progress = progress or (lambda _message: None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(nc_path)
     atomic.check_folder(out, "--out")
+    index = out / "index.html"
+    if index.is_dir():  # found before any figure is drawn into the folder
+        raise ValueError(f"--out {out}: {index} is a folder, where the report writes its page; give another --out")
     r = load(nc_path)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -92,7 +95,6 @@ def build_report(
             section_sensitivity(r, pareto, figs),
         ]
         page = render_page(r, pareto, body, v)
-        index = out / "index.html"
         atomic.write_text(index, page)
         summary = {
             "study": r.ds.attrs.get("study_name", r.path.stem),

@@ -356,9 +356,15 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
     ``materialized`` on devices without flash-attention kernels (V100: FlashAttention needs
     Ampere or newer)."""
     value = _kernel_column(row, "attention", ATTENTION, path, ignore=ATTENTION_KINDS)
+    fused = gpu.get("flash_attention", True)
+    if value and value not in ("auto", "materialized") and not fused:  # as evaluate refuses --attention
+        raise ValueError(
+            f"{path}: row {row.id}: column attention {value} cannot run on {gpu.get('name', row.fields.get('gpu'))} "
+            "(no fused attention kernel there); use materialized or leave it empty"
+        )
     if value:
         return value
-    if not gpu.get("flash_attention", True):
+    if not fused:
         return "materialized"
     if row.stack is not None and row.stack.attention:
         return row.stack.attention
@@ -367,7 +373,7 @@ def _attention(row: Row, gpu: Mapping[str, Any], path) -> str:
 
 def _loss(row: Row, path) -> str:
     """The row's optional ``loss`` column (:data:`LOSS_KERNELS`), else ``auto``: its stack's."""
-    return _kernel_column(row, "loss", LOSS_KERNELS, path) or "auto"
+    return _kernel_column(row, "loss", LOSS_KERNELS, path, ignore=("auto",)) or "auto"
 
 
 def _kernel_column(row: Row, col: str, allowed: Sequence[str], path, ignore: Sequence[str] = ()) -> str:
