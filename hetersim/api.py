@@ -257,7 +257,7 @@ def _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage,
         groups, tp=tp, pp=pp, dp=dp, cp=cp, mode=hetero, layers_per_stage=layers_per_stage, n_layers=layers,
         options=common,
     )  # fmt: skip
-    return configure_plan(cat, model_label, model_entry, hp, cluster, {}, cal, "cluster")
+    return configure_plan(cat, model_label, model_entry, hp, cluster, common, cal, "cluster")  # flags, every one
 
 
 def _in_file(origin: str, fn, *args, **kwargs):

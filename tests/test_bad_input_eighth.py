@@ -155,7 +155,7 @@ replicas = [{{ gpu = "h100-sxm-80gb", tp = 2, count = {count} }}]
             [],
             ["shares.toml stage 0", "sum to 2", "takes 64"],
         ),
-        ("cp.toml", PLAN.format(extra="cp = 3", share=""), [], ["2 x --cp = 6"]),
+        ("cp.toml", PLAN.format(extra="cp = 3", share=""), [], ["cp.toml: seq_len", "2 x cp = 6"]),  # the file's
         ("dense_ep.toml", PLAN.format(extra="ep = 2", share=""), [], ["dense_ep.toml stage 0", "no experts"]),
     ],
 )

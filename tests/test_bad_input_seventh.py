@@ -131,7 +131,7 @@ CASES = [
     ("sweep-out-empty", ["sweep", "--out", ""], ["--out is empty"]),
     ("sweep-out-eq-empty", ["sweep", "--out="], ["--out is empty"]),
     ("evaluate-catalog-empty", [*EVAL, "--catalog", " "], ["--catalog is empty"]),
-    ("report-current-folder", ["report", "."], [".: no such results file"]),
+    ("report-current-folder", ["report", "."], [".: a folder, not a results file"]),
     # a name another section holds, checked where it enters (it failed inside the sweep, unnamed)
     ("set-fleet", [*EVAL, "--set", "fleet=nosuch"], ["--set", "fleet", "unknown fleet 'nosuch'"]),
     ("set-pool", [*EVAL, "--set", "cxl_pool=nosuch:4hosts"], ["--set", "cxl_pool", "'nosuch'"]),
