@@ -103,12 +103,17 @@ def check_nc_target(path: Path, what: str) -> Path:
     """:func:`check_target` for a results dataset, which also refuses to replace an existing file
     that is no netCDF file (a rerun replaces its own results; ``--out notes.nc`` is a typo)."""
     check_target(path, what)
-    if path.is_file():
-        with path.open("rb") as handle:
-            head = handle.read(8)
-        if head and not head.startswith(NETCDF_MAGIC):
-            raise ValueError(f"{what} {path}: exists and is no netCDF file; give another path, or remove it")
+    if path.is_file() and path.stat().st_size and not is_netcdf(path):
+        raise ValueError(f"{what} {path}: exists and is no netCDF file; give another path, or remove it")
     return path
+
+
+def is_netcdf(path: Path) -> bool:
+    """An existing file whose first bytes are netCDF's (HDF5's signature, or classic netCDF's)."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as handle:
+        return handle.read(8).startswith(NETCDF_MAGIC)
 
 
 def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None] = ()) -> Path:

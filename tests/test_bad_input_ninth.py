@@ -130,3 +130,19 @@ def test_a_mix_without_its_step_says_it_is_missing(tmp):
     (tmp / "m.toml").write_text(text)
     line = check_refused(tmp, ["optimize", "{tmp}/m.toml", "--trials", "2", "--out", "{tmp}/o"], ["search.mix.step"])
     assert "missing" in line and "None" not in line
+
+
+def test_export_does_not_replace_a_results_file_with_a_table(tmp):
+    from tests.test_bad_input_seventh import _results
+
+    _results(lambda ds: None).to_netcdf(tmp / "r.nc")
+    _results(lambda ds: None).to_netcdf(tmp / "other.nc")
+    before = (tmp / "other.nc").read_bytes()
+    check_refused(tmp, ["export", "{tmp}/r.nc", "--csv", "{tmp}/other.nc"], ["--csv", "other.nc", "results file"])
+    assert (tmp / "other.nc").read_bytes() == before
+
+
+def test_calibrate_does_not_overwrite_a_text_file(tmp):
+    (tmp / "notes.txt").write_text("my notes\n")
+    check_refused(tmp, ["calibrate", "--steps", "2", "--out", "{tmp}/notes.txt"], ["--out", "notes.txt", "no TOML"])
+    assert (tmp / "notes.txt").read_text() == "my notes\n"

@@ -36,6 +36,8 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
     for target, flag in ((csv, "--csv"), (parquet, "--parquet")):  # both, before anything is written
         if target is not None:  # a missing folder is made, as for every command's output
             atomic.check_target(target, flag)
+            if atomic.is_netcdf(target):  # a results file, which the table would replace
+                raise ValueError(f"{flag} {target}: exists and is a results file (netCDF); give the table its own file")
     frame = to_frame(path)
     written = []
     for target, write in (

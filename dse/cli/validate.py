@@ -81,6 +81,18 @@ def validate_cmd(
         con.print(f"wrote {json_out}")
 
 
+def _check_toml_target(out: Path) -> None:
+    """``--out`` may replace a TOML file (an earlier calibration, a rerun), never a file of other
+    text (``--out notes.txt`` is a slip, which a fit of minutes would then overwrite)."""
+    import tomllib
+
+    if out.is_file() and out.stat().st_size:
+        try:
+            tomllib.loads(out.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+            raise ValueError(f"--out {out}: exists and is no TOML file; give another path, or remove it") from None
+
+
 @app.command("calibrate")
 @user_errors
 def calibrate_cmd(
@@ -109,6 +121,7 @@ def calibrate_cmd(
         raise ValueError("--dry-run writes nothing; give --out without it, or leave --out out")
     if out is not None:
         atomic.check_target(out, "--out", reads=(runs, *catalog_files))
+        _check_toml_target(out)
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
     catalog = load_catalog(catalog_files)
