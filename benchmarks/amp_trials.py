@@ -61,7 +61,7 @@ V100, T4 = "v100-16gb", "t4-16gb"
 TIMEOUT_ITER_S = 200.0 / 41  # AMP's 200 s launcher limit over its 41 iterations (start-up left out)
 FIRST_T4_RANK = 12  # nodes 0-2 are the p3.8xlarge nodes (src/het_cluster.py cluster_info)
 N_GPUS = 16
-STACK = "deepspeed-2020"  # set by --stack
+STACK = "deepspeed-2020"  # AMP's DeepSpeed 0.3; --stack prices another
 
 
 def trials(text: str) -> list[dict]:
@@ -88,7 +88,12 @@ def counts(first_t4: int) -> dict[str, int]:
 
 
 def plan_of(
-    t: dict, grad_reduce: str, first_t4: int = FIRST_T4_RANK, recompute: str = "none", fragmentation: float = 0.0
+    t: dict,
+    grad_reduce: str,
+    first_t4: int = FIRST_T4_RANK,
+    recompute: str = "none",
+    fragmentation: float = 0.0,
+    stack: str = STACK,
 ):
     from hetersim import hplan
 
@@ -101,7 +106,7 @@ def plan_of(
             kind = V100 if s * t["tp"] * t["dp"] + r * t["tp"] < first_t4 else T4
             reps[kind] = reps.get(kind, 0) + 1
         stages.append(hplan.Stage(layers, tuple(hplan.Replica(k, t["tp"], n) for k, n in reps.items())))
-    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack=STACK, sp=False)
+    opts = dict(global_batch=32, micro_batch=t["micro_batch"], precision="fp16", stack=stack, sp=False)
     opts["recompute"] = recompute
     opts["fragmentation"] = fragmentation
     opts["grad_reduce"] = grad_reduce
@@ -136,10 +141,8 @@ def main() -> None:
         default=0.0,
         help="allocator fragmentation allowance of every trial (the plan field; 0.15 is GMLake's mean)",
     )
-    ap.add_argument("--stack", default="deepspeed-2020", help="software-stack profile (default: AMP's DeepSpeed 0.3)")
+    ap.add_argument("--stack", default=STACK, help="software-stack profile (default: AMP's DeepSpeed 0.3)")
     args = ap.parse_args()
-    global STACK
-    STACK = args.stack
 
     from hetersim import api, build, hsim
     from hetersim.catalog import load_catalog, model_from_dims
@@ -155,7 +158,7 @@ def main() -> None:
     for t in trials(args.results.read_text(encoding="utf-8")):
         outs = []
         for recompute in ("none",) if args.no_harness else ("none", "full"):
-            hp = plan_of(t, args.grad_reduce, first_t4, recompute, args.fragmentation)
+            hp = plan_of(t, args.grad_reduce, first_t4, recompute, args.fragmentation, args.stack)
             hs = hsim.hetero_spec(hp, catalog, cluster, shape=(2, 16, 2), kinds=[V100, T4])
             outs.append(engine(models[t["tp"]], hs, hsim.common_plan(hp, 1024), cal).total)
         as_ran, timed = outs[0], outs[-1]  # memory as the trial ran; time with the harness's second forward

@@ -343,7 +343,7 @@ def open_study(space: SearchSpace, storage: Any, study_name: str, sampler: Any):
     # A study the storage holds is loaded, never created again: Optuna's create_study with
     # load_if_exists appends a create record before it finds the name taken, and a run refused
     # below must leave a journal that workers share as it was.
-    held = any(s.study_name == study_name for s in optuna.get_all_study_summaries(storage, False))
+    held = study_name in optuna.get_all_study_names(storage)  # names only: no trial is read
     try:
         if held:
             study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
