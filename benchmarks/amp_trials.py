@@ -24,7 +24,9 @@ prices slower than :data:`TIMEOUT_ITER_S` per iteration is printed too. The devi
 ``tests/data/plans/kinds.toml`` (a user catalog file), the stack is ``deepspeed-2020`` (DeepSpeed
 0.3's pipeline engine with Megatron-LM v1.1.5, which AMP vendors: every micro-batch's send carries
 the fp16 ``[1, 1, s, s]`` attention mask from each TP rank, and each TP rank sends the whole
-activation gradient back, ``is_grad_partitioned = False``; ``catalog/stacks.toml`` cites the lines;
+activation gradient back, ``is_grad_partitioned = False``, and Megatron-LM's optional softmax,
+bias-GeLU and bias-dropout fusions are off, as AMP's launch script gives none of their flags;
+``catalog/stacks.toml`` cites the lines;
 ``--stack deepspeed`` prices today's DeepSpeed instead) and gradients
 are reduced in fp32, as AMP's ``examples/ds_config.json`` sets (``fp32_allreduce``); sequence
 parallelism is off, which AMP's Megatron-LM v1.1.5 predates (it came with Korthikanti et al. 2022).

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from . import stacks
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
-from .terms import comm, compute, moe
+from .terms import comm, compute, elementwise, moe
 from .terms._safe import pos
 from .types import Attention, Recompute, Stack
 
@@ -70,9 +70,9 @@ def layer_costs(model: ModelSpec, system: SystemSpec, plan: Plan, cal: Calibrati
     gemm_b = attn_gemm_b + compute.gemms_bwd_s(dev, cal, plan, mlp_shapes)
     attn_f = compute.attention_fwd_s(dev, cal, model, plan)
     attn_b = compute.attention_bwd_s(dev, cal, model, plan)
-    ew_f = compute.layer_elementwise_fwd_s(dev, cal, model, plan)
-    ew_b = compute.layer_elementwise_bwd_s(dev, cal, model, plan)
-    act_fn_s = compute.activation_fn_s(dev, cal, model, plan)
+    ew_f = elementwise.layer_elementwise_fwd_s(dev, cal, model, plan)
+    ew_b = elementwise.layer_elementwise_bwd_s(dev, cal, model, plan)
+    act_fn_s = elementwise.activation_fn_s(dev, cal, model, plan)
     layer_f = gemm_f + attn_f + ew_f
     layer_b = gemm_b + attn_b + ew_b
     if model.extra is not None:  # point-wise extras a hand-fused stack runs apart (GPT-OSS)
@@ -170,7 +170,7 @@ def _cp_exposed(model: ModelSpec, net, plan: Plan, s_cp, T, act, attn_f, attn_b)
     # no wait past compute by default (torch/_inductor/config.py reorder_for_compute_comm_overlap =
     # False): the K/V all-gather of the forward and of the backward and the backward's cp dK/dV
     # sends (one per ring step, the last returning the sums to their owner) are all exposed.
-    traced = (torch_ring > 0) & (compute.compiled(plan) > 0)
+    traced = (torch_ring > 0) & (elementwise.compiled(plan) > 0)
     gather_f = jnp.where(traced, (plan.cp - 1.0) * ring_step, gather_f)
     gather_b = jnp.where(traced, (plan.cp - 1.0) * ring_step + plan.cp * dkv_step, gather_b)
     cp_f = jnp.where(plan.cp > 1, jnp.where(torch_ring > 0, gather_f, ring_f), 0.0)
@@ -181,11 +181,11 @@ def _cp_exposed(model: ModelSpec, net, plan: Plan, s_cp, T, act, attn_f, attn_b)
 def _dense_extras(dev, cal, model: ModelSpec, plan: Plan):
     """(forward, backward, the clamp alone) of a dense layer's point-wise extras that a hand-fused
     stack runs apart: the scaled rotary embedding and the FFN input's clamp
-    (:func:`hetersim.terms.compute.rope_unfused_s`, :func:`~hetersim.terms.compute.clamp_s`)."""
-    rope = compute.rope_unfused_s(dev, cal, model, plan)
+    (:func:`hetersim.terms.elementwise.rope_unfused_s`, :func:`~hetersim.terms.elementwise.clamp_s`)."""
+    rope = elementwise.rope_unfused_s(dev, cal, model, plan)
     ffn = compute.tokens(plan) * model.ffn_hidden / plan.tp
-    clamp_f = compute.clamp_s(dev, cal, model, plan, ffn, False)
-    return rope + clamp_f, rope + compute.clamp_s(dev, cal, model, plan, ffn, True), clamp_f
+    clamp_f = elementwise.clamp_s(dev, cal, model, plan, ffn, False)
+    return rope + clamp_f, rope + elementwise.clamp_s(dev, cal, model, plan, ffn, True), clamp_f
 
 
 def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str, Any]:
@@ -196,17 +196,17 @@ def _moe_layer(model, system, plan, cal, parts, tp_pass, tp_hidden) -> dict[str,
     attn_gemm_f, attn_gemm_b = parts["attn_gemm_f"], parts["attn_gemm_b"]
     attn_f, attn_b, cp_f = parts["attn_f"], parts["attn_b"], parts["cp_f"]
     rc = plan.recompute_code
-    attn_ew_f = compute.attn_elementwise_fwd_s(dev, cal, model, plan)
+    attn_ew_f = elementwise.attn_elementwise_fwd_s(dev, cal, model, plan)
     shared = moe.shared_shapes(model, plan)
     router = [(moe.local_tokens(plan), model.n_experts, model.hidden, jnp.where(moe.is_moe(model), 1.0, 0.0))]
     block_ew_f = moe.block_elementwise_fwd_s(dev, cal, model, plan)
     moe_gemm_f = compute.gemms_fwd_s(dev, cal, plan, shared + router) + moe.experts_fwd_s(dev, cal, model, plan)
     moe_gemm_b = compute.gemms_bwd_s(dev, cal, plan, shared + router) + moe.experts_bwd_s(dev, cal, model, plan)
-    rope_x = compute.rope_unfused_s(dev, cal, model, plan)
+    rope_x = elementwise.rope_unfused_s(dev, cal, model, plan)
     extras_f = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=False)
     extras_b = rope_x + moe.experts_extras_s(dev, cal, model, plan, backward=True)
     moe_f = attn_gemm_f + attn_f + attn_ew_f + moe_gemm_f + block_ew_f + extras_f
-    attn_ew_b = compute.attn_elementwise_bwd_s(dev, cal, model, plan)
+    attn_ew_b = elementwise.attn_elementwise_bwd_s(dev, cal, model, plan)
     moe_b = attn_gemm_b + attn_b + attn_ew_b + 2.0 * block_ew_f + moe_gemm_b + extras_b
     # Tensor parallel: the attention block's collectives, and the shared experts' where there are
     # any (the routed experts run on sequence-parallel tokens and need none).

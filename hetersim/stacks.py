@@ -26,7 +26,11 @@ from .types import Attention, Loss, Stack
 
 __all__ = ["ELEMENTWISE", "EXPERTS", "Profile", "StackTable", "load_profiles", "profile", "switches", "table"]
 
-ELEMENTWISE = ("fused", "eager", "compiled")
+# How a stack runs its element-wise work: hand-fused kernels (Transformer Engine, Megatron's fusions),
+# eager PyTorch ops one by one, a fusing compiler (TorchInductor, XLA), or pre-2021 Megatron-LM with
+# its optional fusions left off (apex's fused LayerNorm, but every bias add, dropout, residual add
+# and attention mask its own PyTorch op).
+ELEMENTWISE = ("fused", "eager", "compiled", "unfused")
 # How a stack runs the routed experts' GEMMs: one cuBLAS GEMM per local expert on Transformer
 # Engine's compute streams, one grouped kernel per matrix over every local expert, or one GEMM per
 # expert from a Python loop on one stream.
@@ -79,6 +83,7 @@ class StackTable:
     loss: np.ndarray  # Loss code
     eager: np.ndarray  # 1.0 where element-wise work runs as eager PyTorch ops
     compiled: np.ndarray  # 1.0 where a fusing compiler (TorchInductor, XLA) fuses any point-wise op
+    unfused: np.ndarray  # 1.0 where Megatron's bias, dropout and softmax fusions are off
     grouped_experts: np.ndarray  # 1.0 where the routed experts' GEMMs run as one grouped kernel per matrix
     expert_loop: np.ndarray  # 1.0 where they run one GEMM per expert from a loop on one stream
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
@@ -191,6 +196,7 @@ def table() -> StackTable:
         loss=np.array([Loss.parse(p.loss, "loss").value for p in rows], np.int32),
         eager=np.array([float(p.elementwise == "eager") for p in rows], np.float32),
         compiled=np.array([float(p.elementwise == "compiled") for p in rows], np.float32),
+        unfused=np.array([float(p.elementwise == "unfused") for p in rows], np.float32),
         grouped_experts=np.array([float(p.experts == "grouped") for p in rows], np.float32),
         expert_loop=np.array([float(p.experts == "loop") for p in rows], np.float32),
         **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},

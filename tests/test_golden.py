@@ -352,7 +352,7 @@ def test_selective_recompute_rebuilds_what_it_did_not_store(catalog, cal, attent
     # stays stored. With flash attention nothing s x s is stored, and the selective policy drops
     # and rebuilds the activation function's output instead (memory.layer_activation_bytes).
     from hetersim.layer import layer_costs
-    from hetersim.terms import compute
+    from hetersim.terms import compute, elementwise
 
     def plan(attn):
         kw = dict(n_gpus=8, tp=8, sp=True, micro_batch=1, global_batch=8, seq_len=2048, recompute="selective")
@@ -363,7 +363,7 @@ def test_selective_recompute_rebuilds_what_it_did_not_store(catalog, cal, attent
     p = plan(attention)
     recomp = float(layer_costs(m, s, p, cal).recomp)
     attn = float(compute.attention_fwd_s(s.device, cal, m, p))
-    act = float(compute.activation_fn_s(s.device, cal, m, p))
+    act = float(elementwise.activation_fn_s(s.device, cal, m, p))
     assert act > 0.0
     expected = attn if attention == "materialized" else attn + act
     assert recomp == pytest.approx(expected, rel=1e-6)

@@ -19,7 +19,7 @@ from hetersim import build
 from hetersim.catalog.models import model_from_hf_config
 from hetersim.pytree import replace
 from hetersim.simulate import simulate
-from hetersim.terms import compute, flops, memory, moe, tiles
+from hetersim.terms import compute, elementwise, flops, memory, moe, tiles
 from hetersim.types import Dispatcher, Precision, Stack
 
 from .conftest import make
@@ -262,8 +262,8 @@ def test_gpt_oss_point_wise_extras_cost_their_bytes_where_the_stack_does_not_com
     routed = float(moe.routed_tokens(m, p))
     f, h, local = float(m.moe_ffn_hidden), float(m.hidden), float(moe.local_experts(m, p))
     for backward in (False, True):
-        nbytes = routed * (compute.CLAMP_BYTES[backward] * f + moe.EXPERT_BIAS_BYTES[backward] * h)
-        kernels = compute.CLAMP_KERNELS[backward] + 2.0 * local + 1.0
+        nbytes = routed * (elementwise.CLAMP_BYTES[backward] * f + moe.EXPERT_BIAS_BYTES[backward] * h)
+        kernels = elementwise.CLAMP_KERNELS[backward] + 2.0 * local + 1.0
         want = float(compute.stream_s(s.device, cal, nbytes, kernels))
         assert float(moe.experts_extras_s(s.device, cal, m, p, backward)) == pytest.approx(want, rel=1e-5)
         assert float(moe.experts_extras_s(s.device, cal, plain, p, backward)) == 0.0
@@ -271,8 +271,8 @@ def test_gpt_oss_point_wise_extras_cost_their_bytes_where_the_stack_does_not_com
     rope_bytes = float(compute.tokens(p)) * width * (compute.ROPE_BYTES[1] - compute.ROPE_BYTES[0])
     rope_kernels = compute.ROPE_KERNELS[1] - compute.ROPE_KERNELS[0]
     want = float(compute.stream_s(s.device, cal, rope_bytes, rope_kernels))
-    assert float(compute.rope_unfused_s(s.device, cal, m, p)) == pytest.approx(want, rel=1e-5)
-    assert float(compute.rope_unfused_s(s.device, cal, plain, p)) == 0.0
+    assert float(elementwise.rope_unfused_s(s.device, cal, m, p)) == pytest.approx(want, rel=1e-5)
+    assert float(elementwise.rope_unfused_s(s.device, cal, plain, p)) == 0.0
     slow, base = float(sim(m, s, p, cal).step_time_s), float(sim(plain, s, p, cal).step_time_s)
     assert slow > base
     mc, sc, pc = _oss(catalog, "torchtitan-compile")

@@ -16,7 +16,7 @@ from dse.cli import app
 from hetersim import build, stacks
 from hetersim.catalog import apply_overrides, load_catalog
 from hetersim.simulate import simulate
-from hetersim.terms import attention, comm, compute
+from hetersim.terms import attention, comm, compute, elementwise
 from hetersim.types import Stack
 
 from .conftest import make
@@ -311,7 +311,7 @@ def test_pytorchs_ring_merges_its_steps_in_fp32_through_hbm(catalog, cal):
 
     def merge(stack, cp):
         m, _, p = plan(stack, cp)
-        return [float(x) for x in compute.ring_merge_bytes(m, p)]
+        return [float(x) for x in elementwise.ring_merge_bytes(m, p)]
 
     assert merge("torchtitan", 1) == [0.0, 0.0]
     assert merge("megatron", 4) == [0.0, 0.0]
@@ -328,8 +328,12 @@ def test_pytorchs_ring_merges_its_steps_in_fp32_through_hbm(catalog, cal):
     # bytes at the HBM rate, forward and backward.
     (m, s, p8), (_, _, p1) = plan("torchtitan-compile", 8), plan("torchtitan-compile", 1)
     bw = float(s.device.hbm_bw_GBps) * 1e9 * float(cal.mem_bw_eff)
-    d_f = compute.layer_elementwise_fwd_s(s.device, cal, m, p8) - compute.layer_elementwise_fwd_s(s.device, cal, m, p1)
-    d_b = compute.layer_elementwise_bwd_s(s.device, cal, m, p8) - compute.layer_elementwise_bwd_s(s.device, cal, m, p1)
+    d_f = elementwise.layer_elementwise_fwd_s(s.device, cal, m, p8) - elementwise.layer_elementwise_fwd_s(
+        s.device, cal, m, p1
+    )
+    d_b = elementwise.layer_elementwise_bwd_s(s.device, cal, m, p8) - elementwise.layer_elementwise_bwd_s(
+        s.device, cal, m, p1
+    )
     assert float(d_f) == pytest.approx(32768.0 * f8[0] / bw, rel=1e-4)
     assert float(d_b) == pytest.approx(32768.0 * f8[1] / bw, rel=1e-4)
     # An MoE layer carries the same attention and ring (two experts of half the FFN, both taken):
@@ -359,7 +363,7 @@ def test_torchtitans_op_level_selective_recompute_reruns_every_second_matmul_not
     rp = compute.resolve_kernels(s.device, p)
     attn = float(compute.gemms_fwd_s(s.device, cal, rp, compute.attn_gemm_shapes(m, rp)))
     mlp = float(compute.gemms_fwd_s(s.device, cal, rp, compute.mlp_gemm_shapes(m, rp)))
-    ew = float(compute.layer_elementwise_fwd_s(s.device, cal, m, rp))
+    ew = float(elementwise.layer_elementwise_fwd_s(s.device, cal, m, rp))
     # k, o and w3: their FLOP share of the forward GEMMs (Llama 3.1 8B: q 4096, k 1024, f 14336 wide)
     share = (1024.0 + 4096.0 + 14336.0) / (2 * 4096.0 + 2 * 1024.0 + 3 * 14336.0)
     assert titan == pytest.approx(share * (attn + mlp) + ew, rel=1e-5)
@@ -673,7 +677,8 @@ def test_deepspeed_2020_sends_the_mask_with_every_micro_batch_and_whole_gradient
     """DeepSpeed 0.3's pipeline engine with Megatron-LM v1.1.5 (AMP's stack): the [1, 1, s, s] fp16
     attention mask goes with every micro-batch's activation, the same bytes whatever the micro-batch,
     and every TP rank sends the whole activation gradient back (is_grad_partitioned = False) unless
-    sequence parallelism split it at its source; without a pipeline nothing differs from DeepSpeed."""
+    sequence parallelism split it at its source; without a pipeline, a LLaMA layer (no biases, no
+    dropout) with a fused attention kernel is priced as under DeepSpeed."""
     from hetersim.layer import p2p_chunk_s
 
     base = dict(n_gpus=16, pp=4, tp=1, sp=False, global_batch=64, seq_len=2048, precision="fp16")
@@ -691,6 +696,36 @@ def test_deepspeed_2020_sends_the_mask_with_every_micro_batch_and_whole_gradient
     mask_only = extra(tp=4, sp=True, micro_batch=4)
     assert mask_only > 0 and extra(tp=4, sp=False, micro_batch=4) > mask_only  # + the whole gradients
     assert extra(tp=4, sp=False, micro_batch=8) > extra(tp=4, sp=False, micro_batch=4)
-    flat = dict(n_gpus=8, pp=1, tp=1, global_batch=64, seq_len=2048, precision="fp16", attention="materialized")
+    flat = dict(n_gpus=8, pp=1, tp=1, global_batch=64, seq_len=2048, precision="fp16", attention="flash2")
     old, new = (sim(*make(catalog, "llama2-7b", **flat, stack=st), cal) for st in ("deepspeed", "deepspeed-2020"))
     assert float(new.step_time_s) == float(old.step_time_s) and float(new.hbm_used_GiB) == float(old.hbm_used_GiB)
+
+
+def test_megatron_v115_without_its_fusion_flags_moves_the_unfused_ops_bytes(catalog, cal):
+    """AMP's launch script gives none of Megatron-LM v1.1.5's fusion flags (deepspeed-2020's
+    ``elementwise = unfused``): a GPT-style layer (linear biases, dropout) moves exactly the bytes
+    of its unfused bias-dropout-adds and bias-GeLU beyond deepspeed's fused kernels, its
+    materialised scores take a mask pass of their own, so its step is slower; sequence parallelism
+    shards the hidden-size ops as before."""
+    from hetersim.terms.compute import UNFUSED_BDA, UNFUSED_BIAS_ACT, _materialized_s
+    from hetersim.terms.elementwise import layer_elementwise_bytes
+
+    base = dict(n_gpus=8, pp=1, global_batch=64, seq_len=2048, precision="fp16", attention="materialized")
+    for tp, sp in ((1, False), (2, True)):
+        specs = {
+            st: make(catalog, "gpt3-1.3b", gpu="v100-sxm-32gb", tp=tp, sp=sp, **base, stack=st)
+            for st in ("deepspeed", "deepspeed-2020")
+        }
+        m, system, p = specs["deepspeed-2020"]
+        assert float(m.dropout) == 1.0 and float(m.gated) == 0.0
+        tokens, h, f = 2048.0, float(m.hidden), float(m.ffn_hidden)
+        want = tokens * (2 * UNFUSED_BDA[0] * h / (tp if sp else 1) + UNFUSED_BIAS_ACT[0] * f / tp)
+        extra = float(layer_elementwise_bytes(m, p)) - float(layer_elementwise_bytes(m, specs["deepspeed"][2]))
+        assert extra == pytest.approx(want, rel=1e-6)
+        dev = system.device
+        assert float(_materialized_s(dev, cal, m, p, 1.0)) > float(
+            _materialized_s(dev, cal, m, specs["deepspeed"][2], 1.0)
+        )
+        old, new = (simulate(*specs[st], cal) for st in ("deepspeed", "deepspeed-2020"))
+        assert float(new.step_time_s) > float(old.step_time_s)
+        assert float(new.hbm_used_GiB) == float(old.hbm_used_GiB)  # the same tensors are saved

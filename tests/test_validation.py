@@ -38,7 +38,7 @@ def test_step_time_error_is_bounded(report):
     # selective row -3.4 -> 0.0%, the NeMo-Launcher 175B -24.0 -> -22.4%, torchtitan's 70B TP row
     # -5.4 -> -1.3%, but Korthikanti's 175B-1T pipeline rows, already slow, +2.5..+8.9 ->
     # +4.8..+10.1% and torchtitan's async-TP rows 1.5-6.5 points faster (-7.0..+1.6%); 7.39% before.
-    # 7.39% since PyTorch's ring attention is priced as it runs (compute.ring_merge_bytes: its fp32
+    # 7.39% since PyTorch's ring attention is priced as it runs (elementwise.ring_merge_bytes: its fp32
     # merges and accumulators through HBM; layer._cp_exposed: compiled, each of its collectives waits
     # where it is issued): torchtitan's cp 2-8 rows -8.5 / -32.7 / -36.1 -> -2.5 / -27.1 / -30.2%
     # (8B) and -19.5 / -19.0 / -26.2 -> -3.5 / +3.0 / -6.3% (405B, its ring across nodes).

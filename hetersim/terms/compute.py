@@ -8,7 +8,8 @@ the fixed cost make efficiency depend on the shape: small GEMMs (small hidden, h
 Attention uses flash-attention kernels (no s x s score matrix) unless the plan asks for the
 materialised form; FLOPs of the attention backward are 2.5x the forward (FlashAttention-2 paper,
 Dao 2023, §4.1 benchmark convention). Element-wise work (norms, residuals, activation functions,
-rotary embedding, FP8 casts, dropout) is priced by the bytes it moves.
+rotary embedding, FP8 casts, dropout) is priced by the bytes it moves
+(:mod:`hetersim.terms.elementwise`; the per-op byte table is here).
 """
 
 from __future__ import annotations
@@ -345,24 +346,6 @@ def fp8_windowed_bwd_s(dev, m: ModelSpec, plan: Plan, flops):
     return full_length_attention_s(dev, m, plan, full, dev.attn_eff_bwd, dev.attn2_eff_bwd)
 
 
-def _materialized_s(dev, cal, m, plan, passes):
-    """Attention with an s x s score matrix (pre-flash Megatron): two batched GEMMs per head and
-    a fused scale-mask-softmax plus dropout over ``b*a/t*s^2`` elements (no causal skipping).
-
-    Bytes per score element in the forward: softmax reads and writes it (2+2), dropout reads it,
-    writes it and a 1-byte mask (2+2+1): 9 bytes; the backward moves about twice that.
-    """
-    b, s, a = plan.micro_batch, plan.seq_len, m.heads
-    sq = s / plan.cp
-    d = m.head_dim
-    heads = a / plan.tp
-    gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads, kernels=1.0)
-    gem = gem + gemm_s(dev, cal, plan, sq, d, s, count=b * heads, kernels=1.0)
-    elems = b * heads * sq * s
-    ew = stream_s(dev, cal, elems * (4.0 + 5.0 * m.dropout), 2.0)
-    return passes * (gem + ew)
-
-
 # Forward HBM bytes per element (16-bit activations) and kernels of each element-wise op, fused
 # (one kernel, 16-bit in and out: Transformer Engine / Megatron fusions, TorchInductor) or eager
 # (PyTorch ops one by one), read off the eager code:
@@ -386,140 +369,50 @@ def _by_fusion(values, eager):
     return jnp.where(eager > 0, values[1], values[0])
 
 
-# Point-wise extras of some models, which hand-fused stacks run as eager ops and a fusing compiler
-# (the stack's ``elementwise = compiled``) folds into its kernels at no cost; (forward, backward):
-# * the gated FFN's inputs clamped (GPT-OSS ``swiglu_limit``): with activation_func_clamp_value set,
-#   Megatron-Core splits the FFN input, clamps both halves and concatenates them again before its
-#   fused quick-GeGLU (NVIDIA/Megatron-LM@d98e8a64 megatron/core/fusions/fused_bias_geglu.py
-#   weighted_bias_quick_geglu_impl). Forward: two clamps (read 2, write 2 bytes per ffn element
-#   each) and the cat of both halves (read and write 2 x 2): 16 bytes, 3 kernels. Backward: the
-#   cat's gradient splits into views; each clamp's reads the gradient and its saved input and writes
-#   (2 x 6); the split of the FFN output concatenates the halves' gradients (4 + 4): 20 bytes, 3 kernels.
-# * a rotary embedding with an attention scale (YaRN's mscale != 1): Transformer Engine's fused RoPE
-#   has none, so Megatron-Core runs it unfused (megatron/core/models/common/embeddings/rope_utils.py
-#   @ d98e8a64: "mscale ... is not supported by TE's fused RoPE. Using unfused implementation"): the
-#   eager rotary embedding's bytes and kernels over the fused one's (ROPE_BYTES, ROPE_KERNELS) in
-#   each pass, its backward the same ops on the gradient.
-# The experts' bias is priced in hetersim.terms.moe.
-CLAMP_BYTES = (16.0, 20.0)
-CLAMP_KERNELS = (3.0, 3.0)
-
-
-def compiled(plan: Plan):
-    """1.0 where the plan's stack compiles its element-wise work with a fusing compiler."""
-    return stack_fact(stacks.table().compiled, plan)
-
-
-def clamp_s(dev, cal, m: ModelSpec, plan: Plan, elements, backward: bool, fused_kernel=0.0):
-    """The gated FFN's input clamp over ``elements`` ffn elements (its output's), one pass, where it
-    runs as its own kernels: the model clamps, the stack does not compile and (``fused_kernel``) no
-    fused expert kernel takes it in. Zero for a model without (nothing traced for a dense one)."""
-    if m.extra is None:
-        return 0.0
-    share = m.glu_clamp * (1.0 - compiled(plan)) * (1.0 - fused_kernel)
-    nbytes = share * act_bytes(plan) / 2.0 * elements * CLAMP_BYTES[backward]
-    return stream_s(dev, cal, nbytes, share * CLAMP_KERNELS[backward])
-
-
-def rope_unfused_s(dev, cal, m: ModelSpec, plan: Plan):
-    """One pass of a scaled rotary embedding (YaRN) that a hand-fused stack runs unfused, beyond the
-    fused kernel it would otherwise run (an eager stack pays the eager bytes anyway; a compiler
-    fuses it)."""
-    if m.extra is None:
-        return 0.0
-    share = m.rope * m.rope_scaled * (1.0 - eager(plan)) * (1.0 - compiled(plan))
-    width = (q_width(m) + kv_width(m)) / plan.tp
-    nbytes = share * act_bytes(plan) / 2.0 * tokens(plan) * width * (ROPE_BYTES[1] - ROPE_BYTES[0])
-    return stream_s(dev, cal, nbytes, share * (ROPE_KERNELS[1] - ROPE_KERNELS[0]))
-
-
 def eager(plan: Plan):
     """1.0 where the plan's stack runs its element-wise work as eager PyTorch ops."""
     return stack_fact(stacks.table().eager, plan)
 
 
-def layer_elementwise_bytes(m: ModelSpec, plan: Plan):
-    """HBM bytes moved by one layer's element-wise kernels in the forward, per rank.
+# Megatron-LM v1.1.5 with its optional fusions off (the stack's ``elementwise = unfused``; the
+# profile's source cites the flags and lines): what its eager ops move beyond the fused kernels,
+# (bytes per element, kernels) in the forward; the backward follows :func:`_elementwise_bwd_s`.
+# * Each bias-dropout-add as three ops, ``residual + dropout(x + bias)`` (megatron/model/
+#   transformer.py l.374-376): the bias add (read 2, write 2) and the dropout's own pass (read 2,
+#   write 2) before the residual add the fused count has: per hidden element, twice a layer.
+# * The MLP's bias add before GeLU (l.103-108; read 2, write 2): per ffn element.
+# * In materialised attention, the scores' ``masked_fill_`` before the softmax (megatron/model/
+#   gpt2_model.py l.41-43; read 2, write 2; the [s, s] mask is shared by every head): per score.
+# The bias and dropout ops are those of a GPT-style model (the model's ``dropout`` flag: linear
+# biases and dropout); the mask pass is any materialised attention's.
+UNFUSED_BDA = (8.0, 2.0)
+UNFUSED_BIAS_ACT = (4.0, 1.0)
+UNFUSED_MASK = (4.0, 1.0)
 
-    Per token: two norms, two bias-dropout-residual adds (read 2h, write h: 6h bytes each, plus a
-    1-byte dropout mask per element in models trained with dropout) — replicated over
-    tensor-parallel ranks unless sequence parallelism shards them; rotary embedding on q and k;
-    the activation function; FP8 casts of the four GEMM inputs (read 2 bytes, write 1). The norm,
-    rotary and SwiGLU bytes depend on whether the stack fuses them (``NORM_BYTES`` ...).
+
+def unfused(plan: Plan):
+    """1.0 where the plan's stack leaves Megatron's bias, dropout and softmax fusions off."""
+    return stack_fact(stacks.table().unfused, plan)
+
+
+def _materialized_s(dev, cal, m, plan, passes):
+    """Attention with an s x s score matrix (pre-flash Megatron): two batched GEMMs per head and
+    a fused scale-mask-softmax plus dropout over ``b*a/t*s^2`` elements (no causal skipping).
+
+    Bytes per score element in the forward: softmax reads and writes it (2+2), dropout reads it,
+    writes it and a 1-byte mask (2+2+1): 9 bytes; the backward moves about twice that. A stack
+    with Megatron's fusions off masks the scores in a pass of their own (:data:`UNFUSED_MASK`).
     """
-    e = act_bytes(plan) / 2.0  # 1 for 16-bit, 2 for fp32
-    ea = eager(plan)
-    T = plan.micro_batch * plan.seq_len / plan.cp
-    h, f, t = m.hidden, m.ffn_hidden, plan.tp
-    sp_div = jnp.where(plan.sp > 0, t, 1.0)
-    hidden_ops = (2.0 * _by_fusion(NORM_BYTES, ea) * h + 2.0 * 6.0 * h + m.dropout * 2.0 * h) / sp_div
-    rope = m.rope * _by_fusion(ROPE_BYTES, ea) * (q_width(m) + kv_width(m)) / t
-    act_fn = act_fn_bytes(m, plan) * f / t
-    fp8 = jnp.where(low_precision(plan), 3.0 * (3.0 * h + f) / t, 0.0)
-    return T * (e * (hidden_ops + rope + act_fn) + fp8 + ring_merge_bytes(m, plan)[0])
-
-
-def ring_merge_bytes(m: ModelSpec, plan: Plan):
-    """(forward, backward) HBM bytes per token of one layer for PyTorch's ring attention's own
-    bookkeeping (the stack fact cp_torch_ring; torch/distributed/tensor/experimental/_attention.py,
-    PyTorch 2.6: _templated_ring_attention, _SDPAMerger, _templated_ring_attention_backward,
-    _partial_update), on the busiest rank; 0 without it or without context parallelism. Per ring
-    step the forward copies K and V into one buffer to pass on (torch.cat), merges the step's
-    output into an fp32 running output (``out - sigmoid(block_lse - lse) * (out - block_out)``,
-    convert_to_f32 = True), and where the round-robin balance has a step update only the second
-    half of the queries rebuilds the whole fp32 output with torch.cat. The backward zeroes fp32
-    dQ, dK, dV, adds each step's gradients into them (dK, dV through _partial_update on the steps
-    that use half of K, V: a torch.cat of both full fp32 tensors) and concatenates dK and dV into
-    the fp32 buffer it sends on. One read or write per tensor an operation touches (what a fusing
-    compiler leaves; eager PyTorch moves more), K and V repeated to the query heads. Priced with
-    the layer's element-wise kernels (one pass through HBM, no tensor-core work): folded into
-    their byte count, the term costs the sweep almost nothing."""
-    a, f, n = act_bytes(plan), 4.0, plan.cp
-    fwd = (n - 1.0) * (4.0 * a + (2.0 * f + a) / 2.0 + 2.0 * f) + 2.0 * (a + f)
-    bwd = 3.0 * f + 2.0 * (2.0 * f + a) + (n - 1.0) * (5.0 * a + 6.0 * f) + n * (6.0 * f + a) + 3.0 * (f + a)
-    width = jnp.where(n > 1, stack_fact(stacks.table().cp_torch_ring, plan), 0.0) * q_width(m) / plan.tp
-    return width * fwd, width * bwd
-
-
-def mlp_elementwise_bytes(m: ModelSpec, plan: Plan):
-    """The dense MLP's share of :func:`layer_elementwise_bytes`: its activation function and, in
-    FP8, the casts of its two GEMM inputs."""
-    e = act_bytes(plan) / 2.0
-    T, h, f, t = tokens(plan), m.hidden, m.ffn_hidden, plan.tp
-    fp8 = jnp.where(low_precision(plan), 3.0 * (h + f) / t, 0.0)
-    return T * (e * act_fn_bytes(m, plan) * f / t + fp8)
-
-
-def mlp_elementwise_kernels(m: ModelSpec, plan: Plan):
-    act = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, eager(plan)), 1.0)
-    return act + jnp.where(low_precision(plan), 2.0, 0.0)
-
-
-def act_fn_bytes(m: ModelSpec, plan: Plan):
-    """Forward bytes per ffn element of the activation function (16-bit)."""
-    return jnp.where(m.gated > 0, _by_fusion(SWIGLU_BYTES, eager(plan)), 4.0)
-
-
-def activation_fn_s(dev, cal, m, plan):
-    """The MLP activation function alone (recomputed under selective recomputation)."""
-    T = plan.micro_batch * plan.seq_len / plan.cp
-    nbytes = T * act_bytes(plan) / 2.0 * act_fn_bytes(m, plan) * m.ffn_hidden / plan.tp
-    kernels = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, eager(plan)), 1.0)
-    return stream_s(dev, cal, nbytes, kernels)
-
-
-def elementwise_kernels_fwd(m: ModelSpec, plan: Plan):
-    """Element-wise kernels per layer in the forward: 2 norms, 2 residual adds, rotary embedding,
-    the activation function; FP8 adds a cast (with transpose and amax) before each of the four
-    GEMMs."""
-    ea = eager(plan)
-    act = jnp.where(m.gated > 0, _by_fusion(SWIGLU_KERNELS, ea), 1.0)
-    ops = 2.0 * _by_fusion(NORM_KERNELS, ea) + 2.0 + m.rope * _by_fusion(ROPE_KERNELS, ea) + act
-    return ops + jnp.where(low_precision(plan), 4.0, 0.0)
-
-
-def layer_elementwise_fwd_s(dev, cal, m, plan):
-    return stream_s(dev, cal, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(m, plan))
+    b, s, a = plan.micro_batch, plan.seq_len, m.heads
+    sq = s / plan.cp
+    d = m.head_dim
+    heads = a / plan.tp
+    gem = gemm_s(dev, cal, plan, sq, s, d, count=b * heads, kernels=1.0)
+    gem = gem + gemm_s(dev, cal, plan, sq, d, s, count=b * heads, kernels=1.0)
+    elems = b * heads * sq * s
+    un = unfused(plan)
+    ew = stream_s(dev, cal, elems * (4.0 + 5.0 * m.dropout + un * UNFUSED_MASK[0]), 2.0 + un * UNFUSED_MASK[1])
+    return passes * (gem + ew)
 
 
 def op_sac_recompute_s(m: ModelSpec, gemm_f, elementwise_f):
@@ -538,39 +431,6 @@ def op_sac_recompute_s(m: ModelSpec, gemm_f, elementwise_f):
     q, g, f = q_width(m), kv_width(m), m.ffn_hidden
     share = (g + q + f) / (2.0 * q + 2.0 * g + n_mlp_matrices(m) * f)
     return share * gemm_f + elementwise_f
-
-
-def _attn_elementwise(m: ModelSpec, plan: Plan):
-    """(forward bytes, kernels) of a layer's element-wise kernels outside its FFN (norms,
-    residuals, rotary embedding, FP8 casts of the attention GEMMs' inputs)."""
-    nbytes = layer_elementwise_bytes(m, plan) - mlp_elementwise_bytes(m, plan)
-    return nbytes, elementwise_kernels_fwd(m, plan) - mlp_elementwise_kernels(m, plan)
-
-
-def attn_elementwise_fwd_s(dev, cal, m, plan):
-    """The element-wise kernels of a layer outside its FFN: what an MoE layer keeps of a dense
-    layer's (:func:`_attn_elementwise`)."""
-    return stream_s(dev, cal, *_attn_elementwise(m, plan))
-
-
-def _elementwise_bwd_s(dev, cal, m: ModelSpec, plan: Plan, fwd_bytes, fwd_kernels):
-    """The backward of element-wise kernels of ``fwd_bytes`` and ``fwd_kernels`` in the forward:
-    it reads the saved input and the incoming gradient and writes the outgoing gradient, about
-    twice the forward's bytes in twice its kernels (and FP8 casts the incoming gradient of each
-    GEMM); PyTorch's ring attention's bookkeeping its own backward (:func:`ring_merge_bytes`),
-    not twice its forward."""
-    fwd, bwd = ring_merge_bytes(m, plan)
-    return stream_s(dev, cal, 2.0 * fwd_bytes + tokens(plan) * (bwd - 2.0 * fwd), 2.0 * fwd_kernels)
-
-
-def layer_elementwise_bwd_s(dev, cal, m, plan):
-    """The backward of a layer's element-wise kernels (:func:`_elementwise_bwd_s`)."""
-    return _elementwise_bwd_s(dev, cal, m, plan, layer_elementwise_bytes(m, plan), elementwise_kernels_fwd(m, plan))
-
-
-def attn_elementwise_bwd_s(dev, cal, m, plan):
-    """The backward of :func:`attn_elementwise_fwd_s`."""
-    return _elementwise_bwd_s(dev, cal, m, plan, *_attn_elementwise(m, plan))
 
 
 def head_s(dev, cal, m, plan):

@@ -24,7 +24,7 @@ from .. import stacks
 from ..specs import Calibration, DeviceSpec, ModelSpec, NetworkSpec, Plan
 from ..types import N_LEVELS, Dispatcher, Precision
 from ..units import US
-from . import comm, compute
+from . import comm, compute, elementwise
 from ._safe import safe_div
 from .flops import n_mlp_matrices
 
@@ -179,8 +179,8 @@ def block_elementwise_fwd_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, pla
     h, f = m.hidden, m.moe_ffn_hidden / plan.etp
     router = local * m.n_experts * ROUTER_BYTES_PER_EXPERT
     permute = 2.0 * 2.0 * e * h * (local + local * m.top_k * plan.moe_imbalance)
-    act = e * routed * compute.act_fn_bytes(m, plan) * f
-    shared = e * compute.tokens(plan) * compute.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
+    act = e * routed * elementwise.act_fn_bytes(m, plan) * f
+    shared = e * compute.tokens(plan) * elementwise.act_fn_bytes(m, plan) * m.shared_ffn_hidden / plan.tp
     fp8 = jnp.where(compute.low_precision(plan), 3.0 * routed * (h + f), 0.0)
     fp8 = fp8 + jnp.where(plan.precision_code == Precision.FP8, 2.0 * routed * (h + f), 0.0)  # the amax pass
     sort = sorts_by_expert(m, plan)
@@ -198,7 +198,7 @@ def moe_act_fn_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan):
     recomputation: Megatron's ``moe_act`` recompute module), with their input clamps."""
     e = compute.act_bytes(plan) / 2.0
     width = routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp + compute.tokens(plan) * m.shared_ffn_hidden / plan.tp
-    act = compute.stream_s(dev, cal, e * compute.act_fn_bytes(m, plan) * width, 2.0)
+    act = compute.stream_s(dev, cal, e * elementwise.act_fn_bytes(m, plan) * width, 2.0)
     return act + _clamps_s(dev, cal, m, plan, False, _fused_mlp(plan))
 
 
@@ -209,9 +209,11 @@ def _fused_mlp(plan: Plan):
 
 def _clamps_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan, backward: bool, fused):
     """The routed experts' input clamps (none where one fused grouped MLP takes them in: ``fused``)
-    and the shared experts' (:func:`hetersim.terms.compute.clamp_s`), one pass."""
-    routed = compute.clamp_s(dev, cal, m, plan, routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp, backward, fused)
-    shared = compute.clamp_s(dev, cal, m, plan, compute.tokens(plan) * m.shared_ffn_hidden / plan.tp, backward)
+    and the shared experts' (:func:`hetersim.terms.elementwise.clamp_s`), one pass."""
+    routed = elementwise.clamp_s(
+        dev, cal, m, plan, routed_tokens(m, plan) * m.moe_ffn_hidden / plan.etp, backward, fused
+    )
+    shared = elementwise.clamp_s(dev, cal, m, plan, compute.tokens(plan) * m.shared_ffn_hidden / plan.tp, backward)
     return routed + jnp.where(m.shared_ffn_hidden > 0, shared, 0.0)
 
 
@@ -220,7 +222,7 @@ def experts_extras_s(dev: DeviceSpec, cal: Calibration, m: ModelSpec, plan: Plan
     second linear's bias (:data:`EXPERT_BIAS_BYTES`); none under a compiling stack, and none of the
     routed experts' where one fused grouped MLP kernel runs them."""
     fused = _fused_mlp(plan)
-    share = m.expert_bias * (1.0 - compute.compiled(plan)) * (1.0 - fused)
+    share = m.expert_bias * (1.0 - elementwise.compiled(plan)) * (1.0 - fused)
     nbytes = share * compute.act_bytes(plan) / 2.0 * routed_tokens(m, plan) * m.hidden * EXPERT_BIAS_BYTES[backward]
     bias = compute.stream_s(dev, cal, nbytes, share * (2.0 * local_experts(m, plan) + 1.0))
     return bias + _clamps_s(dev, cal, m, plan, backward, fused)
