@@ -226,6 +226,7 @@ def stack_summary(plan: Mapping[str, Any], runs_te: bool = True, attention: str 
         "loss": prof.loss if plan["loss"] == "auto" else plan["loss"],
         "elementwise": prof.elementwise,
         "experts": prof.experts,
+        "pipeline": prof.pipeline,
         **stacks.switches(prof),
         "tp_comm_overlap": prof.tp_comm_overlap and runs_te,
         "tp_overlap_needs_te": prof.tp_comm_overlap and not runs_te,
@@ -233,6 +234,7 @@ def stack_summary(plan: Mapping[str, Any], runs_te: bool = True, attention: str 
     }
 
 
+_PIPELINES = {"interleaved": "1F1B or interleaved", "1f1b": "1F1B only", "none": "none"}
 _EXPERTS = {"streams": "per expert on 4 streams", "grouped": "one grouped kernel", "loop": "per expert, one at a time"}
 
 
@@ -249,6 +251,7 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
         f"stack: [bold]{st['key']}[/] ({st['name']}): attention {st['attention']}, loss {st['loss']}, "
         f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}"
         f"{' (Transformer Engine needs Ampere or newer)' if st['tp_overlap_needs_te'] else ''}, "
+        f"pipeline {_PIPELINES[st['pipeline']]}, "
         f"pipeline-send overlap {on(st['p2p_overlap'])}{_sends(st)}, gradient-reduction overlap {on(st['dp_overlap'])}"
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}"
         f", ZeRO 1-2 weights gathered {'in the next forward' if st['param_gather_overlap'] else 'after the step'}"

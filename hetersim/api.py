@@ -17,7 +17,7 @@ import numpy as np
 
 from .hplan import parse_cluster_groups
 from .planfields import AUTO, DEFAULTS, FIELDS, resolve_cpu_optimizer, resolve_sp
-from .planrules import check_dualpipe, check_experts, check_plan_file, cluster_keys, keyed
+from .planrules import check_dualpipe, check_experts, check_plan_file, check_stack_schedule, cluster_keys, keyed
 from .types import LOW_PRECISION, Attention, FieldError, Tier
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -277,9 +277,13 @@ def _from_file(origin: str, given: Mapping[str, Any], fn, *args):
     try:
         return fn(*args)
     except FieldError as error:
-        if origin and not any(f in given for f in error.fields):
+        if not origin or all(f in given for f in error.fields):
+            raise
+        if not any(f in given for f in error.fields):
             raise ValueError(f"{origin}: {error}") from None
-        raise
+        flags = [f for f in error.fields if f in given]  # a flag against the file: each named where it is
+        names = [f"{{{flags.index(f)}}}" if f in given else f"{origin}'s {f}" for f in error.fields]
+        raise FieldError(error.template.format(*names), *flags) from None
 
 
 def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origin: str) -> Configuration:
@@ -483,6 +487,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         )
     if resolved.get("dualpipe"):  # simulate's Infeasible.SCHEDULE flags the same in a sweep
         check_dualpipe(pp, vp, n_micro)
+    check_stack_schedule(resolved.get("stack"), pp, vp)  # and this
     shard = int(resolved.get("shard_group") or 0)
     if shard and (dp * cp) % shard:  # simulate's Infeasible.SHARD_GROUP flags the same in a sweep
         raise FieldError(

@@ -25,6 +25,27 @@ def check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
         )
 
 
+def check_stack_schedule(stack: Any, pp: int, vp: int, stages: bool = False) -> None:
+    """A pipeline the plan's stack does not have (its profile's ``pipeline`` fact):
+    :func:`hetersim.simulate.stack_schedule_bad` flags the same in a sweep. ``stages``: ``pp`` is
+    a plan file's count of stages, not a field."""
+    from . import stacks
+    from .types import Stack
+
+    name = str(stack or Stack.MEGATRON.label)
+    if name not in Stack.names():
+        return  # an unknown stack is named by the field's own check
+    kind = stacks.profile(name).pipeline
+    where = "(its profile's pipeline fact, hetersim/catalog/stacks.toml)"
+    if pp > 1 and kind == "none":
+        if stages:
+            raise FieldError(f"{{0}} {name} has no pipeline parallelism {where}; the plan has {pp} stages", "stack")
+        raise FieldError(f"{{0}} {name} has no pipeline parallelism {where}; {{1}} must be 1, got {pp}", "stack", "pp")
+    if vp > 1 and kind != "interleaved":
+        what = "no pipeline parallelism" if kind == "none" else "no interleaved pipeline schedule, 1F1B only"
+        raise FieldError(f"{{0}} {name} has {what} {where}; {{1}} must be 1, got {vp}", "stack", "vp")
+
+
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
     """A :class:`FieldError` for an expert-parallel layout Megatron-Core refuses
     (:func:`hetersim.simulate.expert_layout_bad` flags the same in a sweep)."""
@@ -72,6 +93,8 @@ def check_plan_file(hp: Any, model: Mapping[str, Any], options: Mapping[str, Any
     its stage's data-parallel group, the replicas of every pipeline copy's stage holding the same
     first layer (:func:`hetersim.hsim._dp_groups`)."""
     cp = int(options.get("cp") or 1)
+    depth = max(len(p.stages) for p in hp.pipelines)
+    check_stack_schedule(options.get("stack"), depth, int(options.get("vp") or 1), stages=True)
     if cp > 1 and seq % (2 * cp):
         raise FieldError(f"{{0}} {seq} is not a multiple of 2 x {{1}} = {2 * cp} (load-balanced causal context "
                          "parallelism cuts each sequence into 2 x cp chunks)", "seq_len", "cp")  # fmt: skip

@@ -128,12 +128,22 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(not_multiple(model.hidden, plan.tp) | not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE)
     f |= _flag((plan.cp > 1) & not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
     bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | not_multiple(n_micro, plan.pp))
+    bad_schedule = bad_schedule | stack_schedule_bad(plan, plan.pp)
     f |= _flag(bad_schedule | (plan.vp < 1) | schedule.dualpipe_bad(plan, n_micro), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
     f |= _flag((plan.shard_group > 0) & not_multiple(memory.dp_ranks(plan), plan.shard_group), Infeasible.SHARD_GROUP)
     return f
+
+
+def stack_schedule_bad(plan: Plan, pp):
+    """The plan's stack has not the pipeline it asks for (the stack fact ``pipeline``): ``pp`` > 1
+    stages where it has no pipeline parallelism, or interleaved chunks (vp > 1) where it has 1F1B
+    alone."""
+    table = stacks.table()
+    no_pipe = (pp > 1) & (compute.stack_fact(table.no_pipeline, plan) > 0)
+    return no_pipe | ((plan.vp > 1) & (compute.stack_fact(table.no_interleaving, plan) > 0))
 
 
 def expert_layout_bad(model: ModelSpec, plan: Plan):

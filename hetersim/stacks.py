@@ -4,7 +4,7 @@ The plan field ``stack`` (:class:`hetersim.types.Stack`) names a profile. A prof
 categorical facts, each with its source: the attention and loss kernels a plan with ``attention =
 auto`` / ``loss = auto`` runs, whether its element-wise work is fused (by hand-written kernels, or
 by a compiler that fuses any point-wise op) or runs as eager PyTorch ops, how it launches the
-routed experts' GEMMs of a mixture-of-experts layer,
+routed experts' GEMMs of a mixture-of-experts layer, which pipeline schedules it has,
 whether its tensor-parallel collectives, pipeline sends and data-parallel gradient reductions
 overlap compute. The traced model reads
 them as small per-stack arrays indexed by ``plan.stack_code`` (:func:`table`). Nothing here
@@ -24,7 +24,17 @@ import numpy as np
 from . import tomltext
 from .types import Attention, Loss, Stack
 
-__all__ = ["ELEMENTWISE", "EXPERTS", "Profile", "StackTable", "load_profiles", "profile", "switches", "table"]
+__all__ = [
+    "ELEMENTWISE",
+    "EXPERTS",
+    "PIPELINES",
+    "Profile",
+    "StackTable",
+    "load_profiles",
+    "profile",
+    "switches",
+    "table",
+]
 
 # How a stack runs its element-wise work: hand-fused kernels (Transformer Engine, Megatron's fusions),
 # eager PyTorch ops one by one, a fusing compiler (TorchInductor, XLA), or pre-2021 Megatron-LM with
@@ -49,7 +59,10 @@ _SWITCHES = (
     "p2p_full_grads",
     "p2p_mask",
 )
-_FACTS = ("attention", "loss", "elementwise", "experts", *_SWITCHES)
+# The pipeline schedules a stack has: an interleaved one (model chunks, vp > 1) besides 1F1B,
+# 1F1B only (pp > 1, vp 1), or no pipeline parallelism at all (pp 1).
+PIPELINES = ("interleaved", "1f1b", "none")
+_FACTS = ("attention", "loss", "elementwise", "experts", "pipeline", *_SWITCHES)
 _KEYS = {"name", "sources", *_FACTS}
 
 
@@ -61,6 +74,7 @@ class Profile:
     loss: str
     elementwise: str
     experts: str
+    pipeline: str
     tp_comm_overlap: bool
     p2p_overlap: bool
     p2p_scatter_gather: bool
@@ -86,6 +100,8 @@ class StackTable:
     unfused: np.ndarray  # 1.0 where Megatron's bias, dropout and softmax fusions are off
     grouped_experts: np.ndarray  # 1.0 where the routed experts' GEMMs run as one grouped kernel per matrix
     expert_loop: np.ndarray  # 1.0 where they run one GEMM per expert from a loop on one stream
+    no_pipeline: np.ndarray  # 1.0 where the stack has no pipeline parallelism (pp must be 1)
+    no_interleaving: np.ndarray  # 1.0 where it has no interleaved schedule (vp must be 1)
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
     p2p_overlap: np.ndarray  # 1.0 where pipeline sends overlap compute
     p2p_scatter_gather: np.ndarray  # 1.0 where each TP rank sends 1/tp of a stage's activation
@@ -153,6 +169,7 @@ def _profile(path: Path, key: str, entry) -> Profile:
         loss=_choice(where, "loss", entry["loss"], tuple(n for n in Loss.names() if n != Loss.AUTO.label)),
         elementwise=_choice(where, "elementwise", entry["elementwise"], ELEMENTWISE),
         experts=_choice(where, "experts", entry["experts"], EXPERTS),
+        pipeline=_choice(where, "pipeline", entry["pipeline"], PIPELINES),
         **{k: entry[k] for k in _SWITCHES},
         sources={str(k): str(v) for k, v in sources.items()},
     )
@@ -199,5 +216,7 @@ def table() -> StackTable:
         unfused=np.array([float(p.elementwise == "unfused") for p in rows], np.float32),
         grouped_experts=np.array([float(p.experts == "grouped") for p in rows], np.float32),
         expert_loop=np.array([float(p.experts == "loop") for p in rows], np.float32),
+        no_pipeline=np.array([float(p.pipeline == "none") for p in rows], np.float32),
+        no_interleaving=np.array([float(p.pipeline != "interleaved") for p in rows], np.float32),
         **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},
     )

@@ -301,7 +301,7 @@ class Infeasible(enum.IntFlag):
     LAYERS_DIVIDE = 4  # a stage (chunk) without layers in the middle; vp > 1: layers (+1, +2) not divisible by pp * vp
     HEADS_DIVIDE = 8  # heads or kv heads not divisible by tp
     SEQ_DIVIDE = 16  # sequence not divisible by 2 * cp (load-balanced causal CP)
-    SCHEDULE = 32  # interleaving needs pp > 1 and micro-batches a multiple of pp; DualPipe its own rules
+    SCHEDULE = 32  # interleaving needs pp > 1 and micro-batches a multiple of pp; DualPipe, the stack's own rules
     HBM_CAPACITY = 64  # does not fit in device memory
     PRECISION = 128  # the device has no such precision
     TIER_CAPACITY = 256  # an offload tier is over-full
@@ -326,7 +326,8 @@ REASONS = {
     Infeasible.HEADS_DIVIDE: "attention heads or KV heads are not divisible by tp",
     Infeasible.SEQ_DIVIDE: "sequence length is not divisible by 2*cp",
     Infeasible.SCHEDULE: "interleaving (vp>1) needs pp>1 and a number of micro-batches divisible by pp; DualPipe "
-    "an even pp, vp 1, an even number of at least 2*pp micro-batches and one device kind",
+    "an even pp, vp 1, an even number of at least 2*pp micro-batches and one device kind; the stack must have "
+    "the pipeline (catalog/stacks.toml pipeline: none means pp 1, 1f1b means vp 1)",
     Infeasible.HBM_CAPACITY: "does not fit in HBM",
     Infeasible.PRECISION: "the device has no peak for this precision",
     Infeasible.TIER_CAPACITY: "an offload tier is over-full",

@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 15
+        assert len(facts) == 16
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -729,3 +729,71 @@ def test_megatron_v115_without_its_fusion_flags_moves_the_unfused_ops_bytes(cata
         old, new = (simulate(*specs[st], cal) for st in ("deepspeed", "deepspeed-2020"))
         assert float(new.step_time_s) > float(old.step_time_s)
         assert float(new.hbm_used_GiB) == float(old.hbm_used_GiB)  # the same tensors are saved
+
+
+@pytest.mark.parametrize(
+    "stack, pp, vp", [("fsdp", 2, 1), ("llm-foundry", 4, 1), ("deepspeed", 4, 2), ("deepspeed-2020", 2, 2)]
+)
+def test_a_pipeline_the_stack_lacks_is_flagged_in_a_sweep_and_refused_where_given(catalog, cal, stack, pp, vp):
+    """The profiles' ``pipeline`` fact: FSDP frameworks (llm-foundry's train configuration has no
+    pipeline setting) run no pipeline, DeepSpeed's engine 1F1B alone. A sweep's point asking for
+    more is flagged as a schedule it cannot run (data); the same plan given to ``evaluate`` is
+    refused naming the stack and the field. One stage less (or no interleaving) runs."""
+    from hetersim.types import Infeasible
+
+    assert stacks.profile(stack).pipeline in ("none", "1f1b") and stacks.profile(stack).sources["pipeline"]
+    opts = dict(n_gpus=16, tp=1, global_batch=64, seq_len=2048, sp=False, zero=1, attention="flash2")
+    flags = int(sim(*make(catalog, "llama2-7b", **opts, pp=pp, vp=vp, stack=stack), cal).infeasible)
+    assert flags & int(Infeasible.SCHEDULE)
+    ok = dict(pp=pp, vp=1) if stacks.profile(stack).pipeline == "1f1b" else dict(pp=1, vp=1)
+    assert not int(sim(*make(catalog, "llama2-7b", **opts, **ok, stack=stack), cal).infeasible) & int(
+        Infeasible.SCHEDULE
+    )
+    assert not int(sim(*make(catalog, "llama2-7b", **opts, pp=pp, vp=vp, stack="megatron"), cal).infeasible) & int(
+        Infeasible.SCHEDULE
+    )
+    args = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "16", "--global-batch", "64"]
+    result = CliRunner().invoke(app, [*args, "--stack", stack, "--pp", str(pp), "--vp", str(vp)])
+    field = "--pp" if stacks.profile(stack).pipeline == "none" else "--vp"
+    assert result.exit_code == 2 and result.output.startswith(f"error: --stack {stack} has no ")
+    assert f"{field} must be 1" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_the_stacks_with_interleaved_pipelines_are_those_whose_code_has_one():
+    kinds = {name: stacks.profile(name).pipeline for name in Stack.names()}
+    assert {n for n, k in kinds.items() if k != "interleaved"} == {"deepspeed", "deepspeed-2020", "fsdp", "llm-foundry"}
+    assert set(kinds.values()) == set(stacks.PIPELINES)
+
+
+def test_a_plan_file_or_runs_row_with_a_pipeline_its_stack_lacks_is_refused(tmp_path):
+    """The same rule where a plan file or a measured run enters: named by the file (and row)."""
+    import csv
+    import io
+
+    from .test_hplan import PLAN
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text('stack = "fsdp"\n' + PLAN)  # two stages
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: {plan}: stack fsdp has no pipeline parallelism (its profile's pipeline fact, "
+        "hetersim/catalog/stacks.toml); the plan has 2 stages"
+    )
+    plan.write_text('stack = "deepspeed"\n' + PLAN)  # the file's stack against a flag: each named where it is
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan), "--vp", "2"])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {plan}'s stack deepspeed has no interleaved")
+    assert "--vp must be 1, got 2" in result.output
+    rows = list(
+        csv.DictReader(io.StringIO((Path(__file__).parents[1] / "hetersim/data/published_runs.csv").read_text()))
+    )
+    row = next(r for r in rows if int(r["pp"]) > 1)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, [*rows[0].keys(), "stack"])
+    writer.writeheader()
+    writer.writerow({**row, "stack": "llm-foundry"})
+    runs = tmp_path / "runs.csv"
+    runs.write_text(out.getvalue())
+    result = CliRunner().invoke(app, ["validate", "--runs", str(runs)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {runs}: row {row['id']}: ")
+    assert "the stack llm-foundry has no pipeline parallelism" in lines[0] and "column pp must be 1" in lines[0]

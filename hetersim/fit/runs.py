@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import build
-from ..planrules import check_experts
+from ..planrules import check_experts, check_stack_schedule
 from ..terms.flops import megatron_flops_per_token
 from ..types import ATTENTION, FieldError
 from ..units import TFLOP
@@ -210,6 +210,11 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
         )
     if cp > 1 and plan["seq_len"] % (2 * cp):
         raise ValueError(f"{where}: seq_len {plan['seq_len']} cannot be cut into 2 x cp = {2 * cp} chunks")
+    try:
+        check_stack_schedule(plan["stack"], pp, int(plan.get("vp") or 1))
+    except FieldError as error:
+        names = {"stack": "the stack", "pp": "column pp", "vp": "column vp"}
+        raise ValueError(f"{where}: {error.named(names)}") from None
     heads, kv = int(model["heads"]), int(model["kv_heads"])
     if heads < 1 or kv < 1 or heads % kv:
         raise ValueError(f"{where}: heads {heads} must be a positive multiple of kv_heads {kv}")
