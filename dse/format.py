@@ -245,6 +245,13 @@ def _sends(st: Mapping[str, Any]) -> str:
     return f" ({', '.join(notes)})" if notes else ""
 
 
+def _send_overlap(st: Mapping[str, Any]) -> str:
+    """How the stack's pipeline sends overlap compute (nothing where it has no pipeline)."""
+    if st["pipeline"] == "none":
+        return ""
+    return f"pipeline-send overlap {'on' if st['p2p_overlap'] else 'off'}{_sends(st)}, "
+
+
 def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     on = lambda v: "on" if v else "off"  # noqa: E731
     con.print(
@@ -252,7 +259,7 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
         f"element-wise {st['elementwise']}, TP overlap {on(st['tp_comm_overlap'])}"
         f"{' (Transformer Engine needs Ampere or newer)' if st['tp_overlap_needs_te'] else ''}, "
         f"pipeline {_PIPELINES[st['pipeline']]}, "
-        f"pipeline-send overlap {on(st['p2p_overlap'])}{_sends(st)}, gradient-reduction overlap {on(st['dp_overlap'])}"
+        f"{_send_overlap(st)}gradient-reduction overlap {on(st['dp_overlap'])}"
         f"{' (per pipeline chunk)' if st['chunk_grad_sync'] else ''}"
         f", ZeRO 1-2 weights gathered {'in the next forward' if st['param_gather_overlap'] else 'after the step'}"
         f"{', sharded data parallelism per FSDP unit' if st['fsdp_units'] else ''}, "

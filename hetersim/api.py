@@ -169,6 +169,7 @@ def configure(
         raise FieldError(
             "{0} options apply to one device kind; describe a mix's tiers with {1} files", "cxl", "catalog"
         )
+    _check_mix_schedule(plan, cluster)
     if cluster is not None and (layers_per_stage or _straddles(cluster, plan, hetero)):
         return _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage, plan, cal)
     gpu_label, gpu_entry, groups = _hardware(cat, gpu, cluster, plan.get("n_gpus"), overrides)
@@ -306,6 +307,9 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
         opts[k] = v
     if opts.get("global_batch") is None:
         raise FieldError("{0} is required (give it, or global_batch in the plan file)", "global_batch")
+    if opts.get("dualpipe"):  # named as a flag, or as the file's key, where it was given
+        why = "{0}: a heterogeneous plan's stages run 1F1B (DualPipe is priced for a plan given by --gpu)"
+        _from_file(origin, given, _raise, FieldError(why, "dualpipe"))
     hp = dataclasses.replace(hp, options=opts)
     text = cluster or hp.cluster
     counts, hp = cluster_keys(cat, hplan.parse_cluster_counts(text) if text else hp.gpus()), keyed(cat, hp)
@@ -331,6 +335,18 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     label = ",".join(f"{k}:{n}" for k, n in counts.items())
     itv = step_time_interval(cat, entries, resolved, out.total.step_time_s, _is_moe(m))
     return Configuration(model_label, label, resolved, (m, hs, plan_s, cal), out.total, rows, out, itv)
+
+
+def _check_mix_schedule(plan: Mapping[str, Any], cluster: str | None) -> None:
+    """A ``--cluster`` mix's stages are the user's flags: a pipeline the stack lacks is refused."""
+    if cluster is None:
+        return
+    vp, dualpipe = int(plan.get("vp") or 1), bool(plan.get("dualpipe"))
+    check_stack_schedule(plan.get("stack"), int(plan.get("pp") or 1), vp, dualpipe=dualpipe)
+
+
+def _raise(error: Exception) -> None:
+    raise error
 
 
 def shared_plan(cat, kinds: Sequence[str], options: Mapping[str, Any], seq_len: int) -> Any:
@@ -487,7 +503,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         )
     if resolved.get("dualpipe"):  # simulate's Infeasible.SCHEDULE flags the same in a sweep
         check_dualpipe(pp, vp, n_micro)
-    check_stack_schedule(resolved.get("stack"), pp, vp)  # and this
+    check_stack_schedule(resolved.get("stack"), pp, vp, dualpipe=bool(resolved.get("dualpipe")))  # and this
     shard = int(resolved.get("shard_group") or 0)
     if shard and (dp * cp) % shard:  # simulate's Infeasible.SHARD_GROUP flags the same in a sweep
         raise FieldError(

@@ -25,10 +25,10 @@ def check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
         )
 
 
-def check_stack_schedule(stack: Any, pp: int, vp: int, stages: bool = False) -> None:
-    """A pipeline the plan's stack does not have (its profile's ``pipeline`` fact):
-    :func:`hetersim.simulate.stack_schedule_bad` flags the same in a sweep. ``stages``: ``pp`` is
-    a plan file's count of stages, not a field."""
+def check_stack_schedule(stack: Any, pp: int, vp: int, stages: bool = False, dualpipe: bool = False) -> None:
+    """A pipeline the plan's stack does not have (its profile's ``pipeline`` fact; DualPipe needs a
+    stack whose schedules are more than 1F1B): :func:`hetersim.simulate.stack_schedule_bad` flags
+    the same in a sweep. ``stages``: ``pp`` is a plan file's count of stages, not a field."""
     from . import stacks
     from .types import Stack
 
@@ -41,9 +41,11 @@ def check_stack_schedule(stack: Any, pp: int, vp: int, stages: bool = False) -> 
         if stages:
             raise FieldError(f"{{0}} {name} has no pipeline parallelism {where}; the plan has {pp} stages", "stack")
         raise FieldError(f"{{0}} {name} has no pipeline parallelism {where}; {{1}} must be 1, got {pp}", "stack", "pp")
+    what = "no pipeline parallelism" if kind == "none" else "no interleaved pipeline schedule, 1F1B only"
     if vp > 1 and kind != "interleaved":
-        what = "no pipeline parallelism" if kind == "none" else "no interleaved pipeline schedule, 1F1B only"
         raise FieldError(f"{{0}} {name} has {what} {where}; {{1}} must be 1, got {vp}", "stack", "vp")
+    if dualpipe and kind != "interleaved":
+        raise FieldError(f"{{0}} {name} has {what} {where}; leave {{1}} out", "stack", "dualpipe")
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
@@ -93,8 +95,10 @@ def check_plan_file(hp: Any, model: Mapping[str, Any], options: Mapping[str, Any
     its stage's data-parallel group, the replicas of every pipeline copy's stage holding the same
     first layer (:func:`hetersim.hsim._dp_groups`)."""
     cp = int(options.get("cp") or 1)
-    depth = max(len(p.stages) for p in hp.pipelines)
-    check_stack_schedule(options.get("stack"), depth, int(options.get("vp") or 1), stages=True)
+    depth, vp = max(len(p.stages) for p in hp.pipelines), int(options.get("vp") or 1)
+    check_stack_schedule(options.get("stack"), depth, vp, stages=True)
+    if vp > 1 and depth < 2:
+        raise FieldError(f"{{0}} {vp} needs a plan of more than one stage (interleaving splits each stage)", "vp")
     if cp > 1 and seq % (2 * cp):
         raise FieldError(f"{{0}} {seq} is not a multiple of 2 x {{1}} = {2 * cp} (load-balanced causal context "
                          "parallelism cuts each sequence into 2 x cp chunks)", "seq_len", "cp")  # fmt: skip

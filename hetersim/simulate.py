@@ -139,11 +139,12 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
 
 def stack_schedule_bad(plan: Plan, pp):
     """The plan's stack has not the pipeline it asks for (the stack fact ``pipeline``): ``pp`` > 1
-    stages where it has no pipeline parallelism, or interleaved chunks (vp > 1) where it has 1F1B
-    alone."""
+    stages where it has no pipeline parallelism, or interleaved chunks (vp > 1) or DualPipe where it
+    has 1F1B alone."""
     table = stacks.table()
     no_pipe = (pp > 1) & (compute.stack_fact(table.no_pipeline, plan) > 0)
-    return no_pipe | ((plan.vp > 1) & (compute.stack_fact(table.no_interleaving, plan) > 0))
+    chunks = (plan.vp > 1) | (plan.dualpipe > 0)  # DualPipe too needs more than 1F1B
+    return no_pipe | (chunks & (compute.stack_fact(table.no_interleaving, plan) > 0))
 
 
 def expert_layout_bad(model: ModelSpec, plan: Plan):

@@ -797,3 +797,55 @@ def test_a_plan_file_or_runs_row_with_a_pipeline_its_stack_lacks_is_refused(tmp_
     lines = result.output.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {runs}: row {row['id']}: ")
     assert "the stack llm-foundry has no pipeline parallelism" in lines[0] and "column pp must be 1" in lines[0]
+
+
+def test_dualpipe_a_mix_and_one_stage_plans_keep_to_the_pipeline_rules(tmp_path, catalog, cal):
+    """Found by the eleventh fuzz: DualPipe was priced under DeepSpeed's 1F1B-only engine, a
+    ``--cluster`` mix priced a pipeline its stack lacks, a one-stage plan file took ``--vp 2`` and
+    a runs row's vp 2 without a pipeline (or vp 0) was read; each is refused now, DualPipe flagged in
+    a sweep."""
+    from dse.cli.optimize import _days
+    from hetersim.types import Infeasible
+    from hetersim.units import DAY
+
+    opts = dict(n_gpus=8, tp=1, pp=4, global_batch=64, seq_len=2048, sp=False, zero=1, attention="flash2")
+    flags = int(sim(*make(catalog, "llama2-7b", **opts, dualpipe=True, stack="deepspeed"), cal).infeasible)
+    assert flags & int(Infeasible.SCHEDULE)
+    base = ["evaluate", "--model", "llama2-7b", "--global-batch", "64", "--seq-len", "2048"]
+    one = [*base, "--gpus", "8", "--gpu", "a100-sxm-80gb"]
+    result = CliRunner().invoke(app, [*one, "--stack", "deepspeed", "--pp", "4", "--dualpipe"])
+    assert result.exit_code == 2 and result.output.strip().endswith("leave --dualpipe out")
+    mix = [*base, "--gpus", "16", "--cluster", "a100-sxm-80gb:8,h100-sxm-80gb:8", "--stack", "fsdp", "--pp", "2"]
+    result = CliRunner().invoke(app, mix)
+    assert result.exit_code == 2 and result.output.startswith("error: --stack fsdp has no pipeline parallelism")
+    plan = tmp_path / "one.toml"
+    plan.write_text(
+        'global_batch = 64\nmicro_batch = 1\ncluster = "a100-sxm-80gb:8"\n[[stage]]\nlayers = 32\n'
+        'replicas = [{ gpu = "a100-sxm-80gb", tp = 1, count = 8 }]\n'
+    )
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan), "--vp", "2"])
+    assert result.exit_code == 2 and "--vp 2 needs a plan of more than one stage" in result.output
+    import csv
+    import io
+
+    text = (Path(__file__).parents[1] / "hetersim/data/published_runs.csv").read_text()
+    records = list(csv.DictReader(io.StringIO(text)))
+    row = next(r for r in records if r["pp"] == "1")
+    for vp, message in (("2", "vp 2 needs pp > 1"), ("0", "column vp must be at least 1; got 0")):
+        out = io.StringIO()
+        writer = csv.DictWriter(out, list(records[0]))
+        writer.writeheader()
+        writer.writerow({**row, "vp": vp})
+        runs = tmp_path / f"vp{vp}.csv"
+        runs.write_text(out.getvalue())
+        result = CliRunner().invoke(app, ["validate", "--runs", str(runs)])
+        assert result.exit_code == 2 and message in result.output.strip().splitlines()[-1]
+    assert _days(0.77, "s") == "0.77 s" and _days(3 * DAY, "s") == "3.00 d"
+    from .test_hplan import PLAN  # --dualpipe against a plan file: the flag is named, not the file
+
+    plan.write_text(PLAN)
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan), "--dualpipe"])
+    assert result.exit_code == 2 and result.output.startswith("error: --dualpipe: a heterogeneous plan's stages")
+    plan.write_text("dualpipe = true\n" + PLAN)
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: dualpipe: a heterogeneous plan's")

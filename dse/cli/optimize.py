@@ -16,7 +16,7 @@ from rich.table import Table
 
 from dse import format as fmt
 from hetersim import planfields
-from hetersim.units import DAY
+from hetersim.units import DAY, HOUR
 
 from .app import Interrupted, app, check_seed, positive, show_progress, user_errors
 
@@ -68,8 +68,12 @@ def optimize_command(
 
 
 def _days(value: float, units: str) -> str:
+    """A metric for the summary: seconds as days, hours or seconds by their size (a step time in
+    days printed 0.00 d)."""
     if units == "s":
-        return f"{value / DAY:,.2f} d"
+        if value >= 2 * DAY:
+            return f"{value / DAY:,.2f} d"
+        return f"{value / HOUR:,.2f} h" if value >= 2 * HOUR else f"{value:.4g} s"
     if units == "USD":
         return f"${value:,.0f}"
     return f"{value:.4g} {units}"

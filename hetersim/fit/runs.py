@@ -170,7 +170,7 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         n_gpus=n_gpus,
         tp=tp,
         pp=pp,
-        vp=int(opt("vp", 1) or 1),
+        vp=int(opt("vp", 1)),
         dp=dp,
         cp=cp,
         sp=bool(opt("sp", 0)),
@@ -197,7 +197,7 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
     mistake in the file, refused naming the row and columns, not a prediction counted as missed."""
     where = f"{path}: row {row.id}"
     tp, pp, cp, dp, n = (plan[k] for k in ("tp", "pp", "cp", "dp", "n_gpus"))
-    sizes = [(c, plan[c]) for c in ("n_gpus", "tp", "pp", "cp", "dp", "micro_batch", "global_batch", "seq_len")]
+    sizes = [(c, plan[c]) for c in ("n_gpus", "tp", "pp", "vp", "cp", "dp", "micro_batch", "global_batch", "seq_len")]
     for col, v in sizes + [(c, model[c]) for c in ("layers", "hidden", "ffn_hidden", "vocab")]:
         if v < 1:
             raise ValueError(f"{where}: column {col} must be at least 1; got {v}")
@@ -210,8 +210,11 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
         )
     if cp > 1 and plan["seq_len"] % (2 * cp):
         raise ValueError(f"{where}: seq_len {plan['seq_len']} cannot be cut into 2 x cp = {2 * cp} chunks")
+    vp = int(plan["vp"])
+    if vp > 1 and pp < 2:
+        raise ValueError(f"{where}: vp {vp} needs pp > 1 (interleaving splits a pipeline stage into chunks)")
     try:
-        check_stack_schedule(plan["stack"], pp, int(plan.get("vp") or 1))
+        check_stack_schedule(plan["stack"], pp, vp)
     except FieldError as error:
         names = {"stack": "the stack", "pp": "column pp", "vp": "column vp"}
         raise ValueError(f"{where}: {error.named(names)}") from None
