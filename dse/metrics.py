@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from hetersim.outputs import INTERVALS as INTERVAL_LABELS
 from hetersim.outputs import STEP_TERMS
+from hetersim.units import DAY, HOUR
 
 Sense = Literal["min", "max"]
 
@@ -101,6 +104,25 @@ def cf_attrs(units: str, long_name: str) -> dict[str, str]:
     if quantity and quantity not in long_name:
         long_name = f"{long_name} ({quantity})"
     return {"units": cf, "long_name": long_name, **extra}
+
+
+# Display units: (values at least this large, divide by, new units).
+DISPLAY = {
+    "s": ((2 * DAY, DAY, "days"), (2 * HOUR, HOUR, "h")),
+    "USD": ((2e6, 1e6, "million USD"), (2e3, 1e3, "thousand USD")),
+    "kWh": ((2e6, 1e6, "GWh"), (2e3, 1e3, "MWh")),
+}
+
+
+def display(units: str, values) -> tuple[float, str]:
+    """(divisor, units) that make typical ``values`` readable: seconds as days, USD as millions."""
+    v = np.abs(np.asarray(values, dtype=float))
+    v = v[np.isfinite(v) & (v > 0)]
+    typical = float(np.median(v)) if v.size else 0.0
+    for at_least, factor, name in DISPLAY.get(units, ()):
+        if typical >= at_least:
+            return factor, name
+    return 1.0, units
 
 
 def display_units(attrs) -> str:

@@ -128,7 +128,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(not_multiple(model.hidden, plan.tp) | not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE)
     f |= _flag((plan.cp > 1) & not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
     bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | not_multiple(n_micro, plan.pp))
-    bad_schedule = bad_schedule | stack_schedule_bad(plan, plan.pp)
+    bad_schedule = bad_schedule | stack_schedule_bad(plan)
     f |= _flag(bad_schedule | (plan.vp < 1) | schedule.dualpipe_bad(plan, n_micro), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
@@ -137,12 +137,12 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     return f
 
 
-def stack_schedule_bad(plan: Plan, pp):
+def stack_schedule_bad(plan: Plan):
     """The plan's stack has not the pipeline it asks for (the stack fact ``pipeline``): ``pp`` > 1
     stages where it has no pipeline parallelism, or interleaved chunks (vp > 1) or DualPipe where it
     has 1F1B alone."""
     table = stacks.table()
-    no_pipe = (pp > 1) & (compute.stack_fact(table.no_pipeline, plan) > 0)
+    no_pipe = (plan.pp > 1) & (compute.stack_fact(table.no_pipeline, plan) > 0)
     chunks = (plan.vp > 1) | (plan.dualpipe > 0)  # DualPipe too needs more than 1F1B
     return no_pipe | (chunks & (compute.stack_fact(table.no_interleaving, plan) > 0))
 

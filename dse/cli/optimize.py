@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from dse import format as fmt
+from dse.metrics import display
 from hetersim import planfields
-from hetersim.units import DAY, HOUR
 
 from .app import Interrupted, app, check_seed, positive, show_progress, user_errors
 
@@ -68,12 +68,11 @@ def optimize_command(
 
 
 def _days(value: float, units: str) -> str:
-    """A metric for the summary: seconds as days, hours or seconds by their size (a step time in
-    days printed 0.00 d)."""
+    """A metric for the summary: seconds in days, hours or seconds as the report scales them
+    (:func:`dse.metrics.display`; a step time in days printed 0.00 d)."""
     if units == "s":
-        if value >= 2 * DAY:
-            return f"{value / DAY:,.2f} d"
-        return f"{value / HOUR:,.2f} h" if value >= 2 * HOUR else f"{value:.4g} s"
+        factor, name = display("s", [value])
+        return f"{value:.4g} s" if factor == 1.0 else f"{value / factor:,.2f} {'d' if name == 'days' else name}"
     if units == "USD":
         return f"${value:,.0f}"
     return f"{value:.4g} {units}"

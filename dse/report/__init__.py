@@ -25,6 +25,7 @@ text and the page), :mod:`dse.report.validation` (the validation numbers, cached
 :mod:`dse.report.build` (writing it all: :func:`build_report`).
 """
 
+from dse.metrics import display
 from dse.report.build import Report, build_report, default_out_dir, write_report
 from dse.report.page import pareto_records, pareto_table, section_validation
 from dse.report.results import (
@@ -32,7 +33,6 @@ from dse.report.results import (
     REQUIRED,
     Results,
     decode,
-    display,
     flag_labels,
     label_of,
     load,

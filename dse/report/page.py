@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from dse.metrics import display_units
-from dse.report.results import COLUMNS, Results, decode, display, streamed
+from dse.metrics import display, display_units
+from dse.report.results import COLUMNS, Results, decode, streamed
 from hetersim.units import DAY
 
 MAX_TABLE = 300  # rows of the Pareto table

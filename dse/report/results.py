@@ -12,16 +12,9 @@ from dse.metrics import METRICS, display_units
 from dse.pareto import pareto_front
 from dse.results import check_codes, open_file
 from hetersim import planfields
-from hetersim.units import DAY, HOUR
 
 REQUIRED = ("feasible", "time_to_train_s", "cost_usd", "energy_kWh")
 COLUMNS = ("model", "gpu", *planfields.COLUMNS)
-# Display units: (values at least this large, divide by, new units).
-DISPLAY = {
-    "s": ((2 * DAY, DAY, "days"), (2 * HOUR, HOUR, "h")),
-    "USD": ((2e6, 1e6, "million USD"), (2e3, 1e3, "thousand USD")),
-    "kWh": ((2e6, 1e6, "GWh"), (2e3, 1e3, "MWh")),
-}
 
 
 def open_results(path: str | Path):
@@ -94,17 +87,6 @@ def decode(ds, name: str, value: Any) -> Any:
         return labels[int(value)] if 0 <= int(value) < len(labels) else int(value)
     v = np.asarray(value).item()
     return int(v) if isinstance(v, (int, np.integer)) else v
-
-
-def display(units: str, values: np.ndarray) -> tuple[float, str]:
-    """(divisor, units) that make typical ``values`` readable: seconds as days, USD as millions."""
-    v = np.abs(np.asarray(values, dtype=float))
-    v = v[np.isfinite(v) & (v > 0)]
-    typical = float(np.median(v)) if v.size else 0.0
-    for at_least, factor, name in DISPLAY.get(units, ()):
-        if typical >= at_least:
-            return factor, name
-    return 1.0, units
 
 
 def label_of(ds, name: str, factor_units: tuple[float, str] | None = None) -> str:

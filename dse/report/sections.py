@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from dse.metrics import STEP_TERM_LABELS, display_units
+from dse.metrics import STEP_TERM_LABELS, display, display_units
 from dse.pareto import pareto_front
 from dse.report.page import esc
-from dse.report.results import Results, decode, display, flag_labels, label_of, shown
+from dse.report.results import Results, decode, flag_labels, label_of, shown
 
 FRONTS = (("time_to_train_s", "cost_usd"), ("time_to_train_s", "energy_kWh"))
 # Slower memory tiers (hetersim.types.TIER after HBM): variable prefix and label.
