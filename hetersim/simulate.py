@@ -412,7 +412,7 @@ def placement(
     acts_off, _ = offload.activation_offload_bytes(model, plan, n_micro, layers, inflight)
     acts_tier = jnp.where(on[memory.ACT], acts_off, 0.0)
     acts = memory.activation_bytes(model, plan, n_micro, layers, inflight) - acts_tier
-    bufs = memory.buffer_bytes(model, plan, logits_on)
+    bufs = memory.buffer_bytes(model, plan, logits_on, n_micro)
     bufs = bufs + jnp.where(on[memory.PARAM], offload.param_staging_bytes(model, plan), 0.0)
     weights_hbm = jnp.where(on[memory.PARAM], 0.0, weights)
     grads_hbm = jnp.where(on[memory.GRAD], 0.0, grads)

@@ -58,6 +58,7 @@ _SWITCHES = (
     "fsdp_units",
     "p2p_full_grads",
     "p2p_mask",
+    "kept_logits",
 )
 # The pipeline schedules a stack has: an interleaved one (model chunks, vp > 1) besides 1F1B,
 # 1F1B only (pp > 1, vp 1), or no pipeline parallelism at all (pp 1).
@@ -86,6 +87,7 @@ class Profile:
     fsdp_units: bool
     p2p_full_grads: bool
     p2p_mask: bool
+    kept_logits: bool
     sources: dict[str, str]
 
 
@@ -113,6 +115,7 @@ class StackTable:
     fsdp_units: np.ndarray  # 1.0 where sharded data parallelism gathers and reduces one FSDP unit at a time
     p2p_full_grads: np.ndarray  # 1.0 where every TP rank sends a stage's whole activation gradient back
     p2p_mask: np.ndarray  # 1.0 where each micro-batch's send carries the s x s attention mask
+    kept_logits: np.ndarray  # 1.0 where a pipeline's last stage keeps two micro-batches' fp32 logits
 
 
 def default_path() -> Path:

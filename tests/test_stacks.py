@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 16
+        assert len(facts) == 17
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -849,3 +849,37 @@ def test_dualpipe_a_mix_and_one_stage_plans_keep_to_the_pipeline_rules(tmp_path,
     plan.write_text("dualpipe = true\n" + PLAN)
     result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
     assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: dualpipe: a heterogeneous plan's")
+
+
+def test_deepspeed_pipeline_keeps_two_micro_batches_fp32_logits_on_its_last_stage(catalog, cal):
+    """DeepSpeed's pipeline engine (``kept_logits``) leaves the last stage's output, the fp32
+    logits, in each of its two pipe buffers until that buffer's next forward: a forward's new
+    logits meet one kept micro-batch's at one micro-batch per step, two at more, 4 bytes a logit
+    each. Not without a pipeline (no engine), not under Megatron, not where the loss never
+    materialises the logits."""
+    from hetersim.terms.memory import KEPT_LOGIT_BYTES, kept_logits_bytes
+    from hetersim.units import GiB
+
+    assert stacks.profile("deepspeed").kept_logits and stacks.profile("deepspeed-2020").kept_logits
+    assert not stacks.profile("megatron").kept_logits
+    opts = dict(n_gpus=8, tp=2, global_batch=16, micro_batch=2, seq_len=1024, precision="fp16", zero=1)
+    tokens = 2.0 * 1024
+
+    def run(**kw):
+        m, system, p = make(catalog, "gpt3-1.3b", gpu="v100-sxm-32gb", **{**opts, **kw})
+        return m, compute.resolve_kernels(system.device, p), sim(m, system, p, cal)
+
+    for n_micro in (1, 2, 4):
+        m, p, kept = run(stack="deepspeed-2020", pp=2, global_batch=2 * 2 * n_micro)
+        want = min(n_micro, 2) * KEPT_LOGIT_BYTES * tokens * float(m.vocab) / 2
+        assert float(kept_logits_bytes(m, p, n_micro)) == pytest.approx(want, rel=1e-6)
+        _, _, free = run(stack="megatron-legacy", pp=2, global_batch=2 * 2 * n_micro)
+        assert float(kept.buffers_GiB) - float(free.buffers_GiB) == pytest.approx(want / GiB, rel=1e-5)
+    m, p, _ = run(stack="deepspeed-2020", pp=1)
+    assert float(kept_logits_bytes(m, p, 4.0)) == 0.0
+    m, p, _ = run(stack="deepspeed", pp=2, loss="fused")
+    assert float(kept_logits_bytes(m, p, 4.0)) == 0.0
+    m, p, _ = run(stack="megatron", pp=2)
+    assert float(kept_logits_bytes(m, p, 4.0)) == 0.0
+    m, p, _ = run(stack="deepspeed", pp=2)
+    assert float(kept_logits_bytes(m, p, 4.0)) == pytest.approx(2 * KEPT_LOGIT_BYTES * tokens * float(m.vocab) / 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .. import stacks
 from ..specs import ModelSpec, Plan
 from ..types import Attention, GradReduce, Loss, Moments, Precision, Recompute, Stack
 from ..units import GiB
@@ -383,16 +384,37 @@ def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
     return jnp.where(plan.reuse_Mparams > 0, deepspeed, fsdp) + flat
 
 
-def buffer_bytes(m: ModelSpec, plan: Plan, logits_on=1.0):
+# Bytes of one kept logit: the fp32 cast the pipeline module's last layer makes (kept_logits).
+KEPT_LOGIT_BYTES = 4.0
+# Pipe buffers of a DeepSpeed pipeline's last stage: max(2, min(stages - stage_id + 1, micro_batches))
+# (deepspeed/runtime/pipe/schedule.py TrainSchedule.num_pipe_buffers), 2 for stage_id = stages - 1.
+LAST_STAGE_PIPE_BUFFERS = 2.0
+
+
+def kept_logits_bytes(m: ModelSpec, plan: Plan, n_micro):
+    """Logits a pipeline engine keeps on its last stage beyond the micro-batch computing
+    (``kept_logits``, DeepSpeed's PipelineEngine): each of the stage's two pipe buffers holds the
+    fp32 logits of the last micro-batch that ran in it, from earlier in the step or from the step
+    before, until its next forward replaces them; so a forward's new logits meet
+    ``min(2, n_micro)`` kept ones. Only a materialised loss outputs logits; only a pipeline
+    (pp > 1) runs the engine."""
+    t = stacks.table()
+    on = (compute.stack_fact(t.kept_logits, plan) > 0) & (plan.pp > 1) & (plan.loss_code == Loss.MATERIALIZED)
+    kept = jnp.minimum(n_micro, LAST_STAGE_PIPE_BUFFERS) * KEPT_LOGIT_BYTES
+    return jnp.where(on, kept * plan.micro_batch * plan.seq_len / plan.cp * m.vocab / plan.tp, 0.0)
+
+
+def buffer_bytes(m: ModelSpec, plan: Plan, logits_on=1.0, n_micro=1.0):
     """Temporary buffers: the logits (16-bit GEMM output and the fp32 copy the cross-entropy
     works in, its gradient computed in place; one chunk's under the chunked loss, no fp32 copy
-    under the one-pass fused loss) on the last
-    stage, ZeRO-3's gathered weights and unsharded gradients (:func:`zero3_gathered_bytes`), and
-    the runtime's reserve. ``logits_on`` 0: a stage
-    without the LM head."""
+    under the one-pass fused loss; and those a pipeline engine keeps, :func:`kept_logits_bytes`)
+    on the last stage, ZeRO-3's gathered weights and unsharded gradients
+    (:func:`zero3_gathered_bytes`), and the runtime's reserve. ``logits_on`` 0: a stage without
+    the LM head."""
     # The one-pass fused loss keeps only the 16-bit logits (its gradient written in place).
     per_logit = jnp.where(plan.loss_code == Loss.FUSED, 2.0, 2.0 + 4.0)
-    logits = logits_on * per_logit * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
+    logits = per_logit * loss_chunk_tokens(m, plan) * m.vocab / plan.tp
+    logits = logits_on * (logits + kept_logits_bytes(m, plan, n_micro))
     gathered = jnp.where(plan.zero >= 3, zero3_gathered_bytes(m, plan), 0.0)
     # MoE: the dispatch's receive buffer and the combine's send buffer of the routed token copies.
     dispatch = 0.0 if m.extra is None else jnp.where(plan.ep > 1, 2.0 * moe.dispatch_bytes(m, plan), 0.0)
