@@ -386,8 +386,10 @@ def zero3_gathered_bytes(m: ModelSpec, plan: Plan):
 
 # Bytes of one kept logit: the fp32 cast the pipeline module's last layer makes (kept_logits).
 KEPT_LOGIT_BYTES = 4.0
-# Pipe buffers of a DeepSpeed pipeline's last stage: max(2, min(stages - stage_id + 1, micro_batches))
-# (deepspeed/runtime/pipe/schedule.py TrainSchedule.num_pipe_buffers), 2 for stage_id = stages - 1.
+# Pipe buffers of a DeepSpeed pipeline's last stage (deepspeed/runtime/pipe/schedule.py
+# TrainSchedule.num_pipe_buffers): max(2, min(stages - stage_id + 1, micro_batches)) in DeepSpeed 0.3
+# (DachengLi1/AMP @ 72eeea4, l.243-247), max(2, min(stages - stage_id, micro_batches)) today
+# (deepspeedai/DeepSpeed @ 03f6f75c): 2 for stage_id = stages - 1 in both.
 LAST_STAGE_PIPE_BUFFERS = 2.0
 
 
