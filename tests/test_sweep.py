@@ -373,6 +373,24 @@ def test_summary_and_sweep_command_json(tmp_path, tiny, capsys):
     assert printed["best"]["mfu"]["value"] == pytest.approx(float(ds.mfu.values[ds.feasible.values == 1].max()))
     assert best["config"]["gpu"] in ("h100-sxm-80gb", "a100-sxm-80gb")
     assert (tmp_path / "tiny.nc").is_file()
+    assert {"tp", "pp", "vp", "micro_batch", "zero", "recompute"} <= set(printed["varied"])
+    assert not {"seq_len", "stack", "global_batch", "n_gpus"} & set(printed["varied"])
+
+
+def test_best_table_names_each_field_the_study_varies_beyond_the_layout(tmp_path, capsys):
+    """A study with a stack axis (or sequence lengths) shows each best configuration's stack (and
+    length) in its layout; a study that fixes them does not."""
+    text = TINY.format(model="llama2-7b", tokens=1.0e11).replace("tp = [1, 2, 4]", "tp = [2]")
+    text = text.replace("seq_len = 2048", 'seq_len = [2048, 4096]\nstack = ["torchtitan", "fsdp"]')
+    study = tmp_path / "stk.toml"
+    study.write_text(text.replace("pp = [1, 2]", "pp = 1").replace("vp = [1, 2]", "vp = 1"))
+    sweep_command(study, tmp_path / "stk.nc", CHUNK, None, 0, json_out=False)
+    out = capsys.readouterr().out
+    # one best configuration per objective (rich may wrap a layout over two lines of its cell)
+    assert out.count("stack:") == out.count("seq4096") + out.count("seq2048") == 3, out
+    study.write_text(TINY.format(model="llama2-7b", tokens=1.0e11).replace("tp = [1, 2, 4]", "tp = [2]"))
+    sweep_command(study, tmp_path / "fixed.nc", CHUNK, None, 0, json_out=False)
+    assert "stack:" not in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +77,12 @@ _LAYOUT_FIELDS = ("tp", "pp", "vp", "cp", "dp", "ep", "etp", "ep_overlap", "micr
 _LAYOUT_FIELDS += ("recompute", "sp")
 
 
-def _layout(config: Mapping[str, Any]) -> str:
-    """The registry's layout label of a configuration (``sp`` given as on/off in results)."""
+def _layout(config: Mapping[str, Any], varied: Sequence[str] = ()) -> str:
+    """The registry's layout label of a configuration (``sp`` given as on/off in results), with
+    every other field the study varies (``stack:torchtitan``, ``seq8192``) after the layout's."""
     names = (*(k for k in _LAYOUT_FIELDS if k in config), "precision")
-    bools = ("sp", "ep_overlap")
+    names += tuple(k for k in varied if k not in names and k in config)
+    bools = {f.name for f in planfields.FIELDS if f.kind == "bool"}
     values = {k: config[k] in ("on", True, 1) if k in bools else config[k] for k in names}
     return planfields.layout_label(values, names, omit_defaults=("ep", "etp", "ep_overlap", "shard_group"))
 
@@ -116,7 +118,7 @@ def print_sweep_summary(con, s: Mapping[str, Any]) -> None:
             f"{best['sense']} {name}",
             _value(best["value"], best["units"]),
             f"{c['model']} / {c['n_gpus']}x {c['gpu']}",
-            _layout(c),
+            _layout(c, s.get("varied", ())),
             f"{m['step_time_s']:.3f}",
             f"{m['mfu']:.1%}",
             f"{m['hbm_used_GiB']:.1f}",

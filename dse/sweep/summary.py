@@ -27,6 +27,12 @@ def describe(ds, index: int) -> dict[str, Any]:
     return out
 
 
+def varied_fields(ds) -> list[str]:
+    """The plan fields (beyond model, GPU and GPU count) that take more than one value over the
+    dataset's configurations (a streamed file's: those it kept), in column order."""
+    return [c for c in COLUMNS[3:] if c in ds and np.unique(ds[c].values).size > 1]
+
+
 def summarize(path: str | Path) -> dict[str, Any]:
     """Size, feasible count, infeasibility reasons and the best feasible configuration per objective
     (of a streamed file: counts over every configuration evaluated, from its attributes; ``index``
@@ -60,6 +66,7 @@ def summarize(path: str | Path) -> dict[str, Any]:
             }
         out = {
             "study": ds.attrs["study_name"],
+            "varied": varied_fields(ds),
             "path": str(path),
             "n_configs": int(ds.attrs["n_configs"]) if streamed else int(ds.sizes["config"]),
             "cross_product_size": int(ds.attrs["cross_product_size"]),
