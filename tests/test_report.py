@@ -380,6 +380,17 @@ def test_report_without_feasible_configurations(tiny_nc, tmp_path):
     index = write_report(path, tmp_path / "none", validation=False)
     page = index.read_text()
     assert "No feasible configuration" in page
+    # the answer says why, from the file's flags (its overview counts them too)
+    assert ds["infeasible"].values.any()
+    said = re.search(r"No configuration of this study is feasible</b>: (.+?) \(a configuration may have", page)
+    counted = re.search(r"<dt>not feasible because</dt><dd>(.+?)</dd>", page)
+    assert said and counted and said.group(1) == counted.group(1) and re.search(r"[a-z] [0-9,]+", said.group(1))
+    ds["infeasible"][:] = 0
+    if "constraint_violation" in ds:
+        ds["constraint_violation"][:] = 0
+    ds.to_netcdf(tmp_path / "unflagged.nc")
+    page = write_report(tmp_path / "unflagged.nc", tmp_path / "unflagged", validation=False).read_text()
+    assert "No configuration of this study is feasible</b> (the file records no reason)." in page
 
 
 def test_bad_input_is_one_line_value_error(tiny_nc, tmp_path):

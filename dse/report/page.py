@@ -205,7 +205,9 @@ def answer_summary(r: Results, records: list[dict[str, Any]]) -> str:
     """The answer first: per GPU kind its best feasible configuration on the first objective, the
     trade-off between the Pareto set's extremes, and the verdict (which kind and layout wins)."""
     if not r.feasible.any():
-        return "<h2>The answer</h2><p><b>No configuration of this study is feasible</b>; see why below.</p>"
+        reasons = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in _infeasible_counts(r).items())
+        why = f": {reasons} (a configuration may have several reasons)" if reasons else " (the file records no reason)"
+        return f"<h2>The answer</h2><p><b>No configuration of this study is feasible</b>{esc(why)}.</p>"
     first, sense = r.objectives[0], r.senses[0]
     pick = np.nanargmin if sense == "min" else np.nanargmax
     values = r.values(first).astype(float)
