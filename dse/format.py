@@ -239,9 +239,14 @@ _EXPERTS = {"streams": "per expert on 4 streams", "grouped": "one grouped kernel
 
 
 def _sends(st: Mapping[str, Any]) -> str:
-    """What a stack's pipeline sends beyond the activation and its gradient split alike."""
-    notes = [n for n, on in (("each micro-batch with its attention mask", st["p2p_mask"]),
-                             ("gradients sent whole", st["p2p_full_grads"])) if on]  # fmt: skip
+    """What a stack's pipeline sends beyond the activation and its gradient split alike, and what its
+    last stage keeps."""
+    facts = (
+        ("each micro-batch with its attention mask", st["p2p_mask"]),
+        ("gradients sent whole", st["p2p_full_grads"]),
+        ("the last stage keeps two micro-batches' fp32 logits", st["kept_logits"]),
+    )
+    notes = [n for n, on in facts if on]
     return f" ({', '.join(notes)})" if notes else ""
 
 

@@ -883,3 +883,13 @@ def test_deepspeed_pipeline_keeps_two_micro_batches_fp32_logits_on_its_last_stag
     assert float(kept_logits_bytes(m, p, 4.0)) == 0.0
     m, p, _ = run(stack="deepspeed", pp=2)
     assert float(kept_logits_bytes(m, p, 4.0)) == pytest.approx(2 * KEPT_LOGIT_BYTES * tokens * float(m.vocab) / 2)
+
+
+def test_the_stack_line_says_which_stacks_keep_the_last_stages_logits():
+    """``evaluate`` names the kept logits in the stack line of a stack that keeps them, and only there."""
+    args = "evaluate --model gpt3-1.3b --gpu v100-sxm-32gb --gpus 8 --pp 2 --global-batch 64 --precision fp16".split()
+    kept = "the last stage keeps two micro-batches' fp32 logits"
+    for stack, shown in (("deepspeed-2020", True), ("deepspeed", True), ("megatron-legacy", False)):
+        result = CliRunner().invoke(app, [*args, "--stack", stack, "--attention", "materialized"])
+        assert result.exit_code == 0, result.output
+        assert (kept in " ".join(result.output.split())) == shown, (stack, result.output)
