@@ -17,7 +17,7 @@ import numpy as np
 
 from .hplan import parse_cluster_groups
 from .planfields import AUTO, DEFAULTS, FIELDS, resolve_cpu_optimizer, resolve_sp
-from .planrules import check_dualpipe, check_experts, check_plan_file, check_stack_schedule, cluster_keys, keyed
+from .planrules import check_dualpipe, check_experts, check_plan_file, check_stack_plan, cluster_keys, keyed
 from .types import LOW_PRECISION, Attention, FieldError, Tier
 
 DEFAULT_SEQ_LEN = 4096  # where a model entry names no training context
@@ -341,8 +341,7 @@ def _check_mix_schedule(plan: Mapping[str, Any], cluster: str | None) -> None:
     """A ``--cluster`` mix's stages are the user's flags: a pipeline the stack lacks is refused."""
     if cluster is None:
         return
-    vp, dualpipe = int(plan.get("vp") or 1), bool(plan.get("dualpipe"))
-    check_stack_schedule(plan.get("stack"), int(plan.get("pp") or 1), vp, dualpipe=dualpipe)
+    check_stack_plan(plan, int(plan.get("pp") or 1), int(plan.get("vp") or 1))
 
 
 def _raise(error: Exception) -> None:
@@ -503,7 +502,7 @@ def check_layout(model: Mapping[str, Any], given: Mapping[str, Any], resolved: M
         )
     if resolved.get("dualpipe"):  # simulate's Infeasible.SCHEDULE flags the same in a sweep
         check_dualpipe(pp, vp, n_micro)
-    check_stack_schedule(resolved.get("stack"), pp, vp, dualpipe=bool(resolved.get("dualpipe")))  # and this
+    check_stack_plan(resolved, pp, vp)  # and this
     shard = int(resolved.get("shard_group") or 0)
     if shard and (dp * cp) % shard:  # simulate's Infeasible.SHARD_GROUP flags the same in a sweep
         raise FieldError(

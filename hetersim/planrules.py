@@ -25,10 +25,13 @@ def check_dualpipe(pp: int, vp: int, n_micro: int) -> None:
         )
 
 
-def check_stack_schedule(stack: Any, pp: int, vp: int, stages: bool = False, dualpipe: bool = False) -> None:
+def check_stack_schedule(
+    stack: Any, pp: int, vp: int, stages: bool = False, dualpipe: bool = False, zero: int = 0
+) -> None:
     """A pipeline the plan's stack does not have (its profile's ``pipeline`` fact; DualPipe needs a
-    stack whose schedules are more than 1F1B): :func:`hetersim.simulate.stack_schedule_bad` flags
-    the same in a sweep. ``stages``: ``pp`` is a plan file's count of stages, not a field."""
+    stack whose schedules are more than 1F1B) or does not run with the plan's ZeRO stage (the
+    ``pipeline_zero1`` fact): :func:`hetersim.simulate.stack_schedule_bad` flags the same in a
+    sweep. ``stages``: ``pp`` is a plan file's count of stages, not a field."""
     from . import stacks
     from .types import Stack
 
@@ -46,6 +49,22 @@ def check_stack_schedule(stack: Any, pp: int, vp: int, stages: bool = False, dua
         raise FieldError(f"{{0}} {name} has {what} {where}; {{1}} must be 1, got {vp}", "stack", "vp")
     if dualpipe and kind != "interleaved":
         raise FieldError(f"{{0}} {name} has {what} {where}; leave {{1}} out", "stack", "dualpipe")
+    if pp > 1 and zero >= 2 and stacks.profile(name).pipeline_zero1:
+        pipe, names = (f"{pp} stages", ()) if stages else (f"{{2}} {pp}", ("pp",))
+        raise FieldError(
+            f"{{0}} {name}'s pipeline engine runs ZeRO stages 0 and 1 only ('ZeRO-2 and ZeRO-3 are incompatible "
+            f"with pipeline parallelism'; its profile's pipeline_zero1 fact); with {pipe}, {{1}} must be 0 or 1, "
+            f"got {zero}",
+            "stack",
+            "zero",
+            *names,
+        )
+
+
+def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = False) -> None:
+    """:func:`check_stack_schedule` of a plan's fields (its stack, DualPipe and ZeRO stage)."""
+    dualpipe, zero = bool(plan.get("dualpipe")), int(plan.get("zero") or 0)
+    check_stack_schedule(plan.get("stack"), pp, vp, stages, dualpipe, zero)
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
@@ -96,7 +115,7 @@ def check_plan_file(hp: Any, model: Mapping[str, Any], options: Mapping[str, Any
     first layer (:func:`hetersim.hsim._dp_groups`)."""
     cp = int(options.get("cp") or 1)
     depth, vp = max(len(p.stages) for p in hp.pipelines), int(options.get("vp") or 1)
-    check_stack_schedule(options.get("stack"), depth, vp, stages=True)
+    check_stack_plan(options, depth, vp, stages=True)
     if vp > 1 and depth < 2:
         raise FieldError(f"{{0}} {vp} needs a plan of more than one stage (interleaving splits each stage)", "vp")
     if cp > 1 and seq % (2 * cp):

@@ -140,11 +140,13 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
 def stack_schedule_bad(plan: Plan):
     """The plan's stack has not the pipeline it asks for (the stack fact ``pipeline``): ``pp`` > 1
     stages where it has no pipeline parallelism, or interleaved chunks (vp > 1) or DualPipe where it
-    has 1F1B alone."""
+    has 1F1B alone; or its pipeline engine does not run the plan's ZeRO stage (``pipeline_zero1``:
+    DeepSpeed's, ZeRO 0-1 only)."""
     table = stacks.table()
     no_pipe = (plan.pp > 1) & (compute.stack_fact(table.no_pipeline, plan) > 0)
     chunks = (plan.vp > 1) | (plan.dualpipe > 0)  # DualPipe too needs more than 1F1B
-    return no_pipe | (chunks & (compute.stack_fact(table.no_interleaving, plan) > 0))
+    zero = (plan.pp > 1) & (plan.zero >= 2) & (compute.stack_fact(table.pipeline_zero1, plan) > 0)
+    return no_pipe | zero | (chunks & (compute.stack_fact(table.no_interleaving, plan) > 0))
 
 
 def expert_layout_bad(model: ModelSpec, plan: Plan):

@@ -59,6 +59,7 @@ _SWITCHES = (
     "p2p_full_grads",
     "p2p_mask",
     "kept_logits",
+    "pipeline_zero1",
 )
 # The pipeline schedules a stack has: an interleaved one (model chunks, vp > 1) besides 1F1B,
 # 1F1B only (pp > 1, vp 1), or no pipeline parallelism at all (pp 1).
@@ -88,6 +89,7 @@ class Profile:
     p2p_full_grads: bool
     p2p_mask: bool
     kept_logits: bool
+    pipeline_zero1: bool
     sources: dict[str, str]
 
 
@@ -116,6 +118,7 @@ class StackTable:
     p2p_full_grads: np.ndarray  # 1.0 where every TP rank sends a stage's whole activation gradient back
     p2p_mask: np.ndarray  # 1.0 where each micro-batch's send carries the s x s attention mask
     kept_logits: np.ndarray  # 1.0 where a pipeline's last stage keeps two micro-batches' fp32 logits
+    pipeline_zero1: np.ndarray  # 1.0 where the pipeline engine runs ZeRO stages 0-1 only
 
 
 def default_path() -> Path:

@@ -327,7 +327,8 @@ REASONS = {
     Infeasible.SEQ_DIVIDE: "sequence length is not divisible by 2*cp",
     Infeasible.SCHEDULE: "interleaving (vp>1) needs pp>1 and a number of micro-batches divisible by pp; DualPipe "
     "an even pp, vp 1, an even number of at least 2*pp micro-batches and one device kind; the stack must have "
-    "the pipeline (catalog/stacks.toml pipeline: none means pp 1, 1f1b means vp 1)",
+    "the pipeline (catalog/stacks.toml pipeline: none means pp 1, 1f1b means vp 1) and run it with the plan's ZeRO "
+    "stage (pipeline_zero1: DeepSpeed's pipeline engine, ZeRO 0-1 only)",
     Infeasible.HBM_CAPACITY: "does not fit in HBM",
     Infeasible.PRECISION: "the device has no peak for this precision",
     Infeasible.TIER_CAPACITY: "an offload tier is over-full",

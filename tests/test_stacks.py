@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 17
+        assert len(facts) == 18
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -893,3 +893,52 @@ def test_the_stack_line_says_which_stacks_keep_the_last_stages_logits():
         result = CliRunner().invoke(app, [*args, "--stack", stack, "--attention", "materialized"])
         assert result.exit_code == 0, result.output
         assert (kept in " ".join(result.output.split())) == shown, (stack, result.output)
+
+
+def test_deepspeeds_pipeline_engine_runs_zero_0_and_1_only(tmp_path, catalog, cal):
+    """Today's DeepSpeed asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'
+    (``pipeline_zero1``): a sweep's point with pp > 1 and ZeRO 2-3 under ``deepspeed`` is flagged
+    as a schedule the stack cannot run; the same plan given to ``evaluate``, in a plan file or in a
+    runs row is refused naming the field. One stage, ZeRO 1, or DeepSpeed 0.3 (no such assert) runs."""
+    import csv
+    import io
+
+    from hetersim.types import Infeasible
+
+    from .test_hplan import PLAN
+
+    assert stacks.profile("deepspeed").pipeline_zero1 and not stacks.profile("deepspeed-2020").pipeline_zero1
+    opts = dict(n_gpus=16, tp=1, global_batch=64, seq_len=2048, sp=False, attention="flash2")
+
+    def schedule_flag(**kw):
+        return bool(int(sim(*make(catalog, "llama2-7b", **opts, **kw), cal).infeasible) & int(Infeasible.SCHEDULE))
+
+    assert schedule_flag(stack="deepspeed", pp=2, zero=3) and schedule_flag(stack="deepspeed", pp=2, zero=2)
+    assert not schedule_flag(stack="deepspeed", pp=2, zero=1)
+    assert not schedule_flag(stack="deepspeed", pp=1, zero=3)
+    assert not schedule_flag(stack="deepspeed-2020", pp=2, zero=2)
+    args = "evaluate --model llama2-7b --gpu h100-sxm-80gb --gpus 16 --global-batch 64 --stack deepspeed".split()
+    result = CliRunner().invoke(app, [*args, "--pp", "2", "--zero", "3"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --stack deepspeed's pipeline")
+    assert lines[0].endswith("with --pp 2, --zero must be 0 or 1, got 3")
+    assert CliRunner().invoke(app, [*args, "--pp", "2", "--zero", "1"]).exit_code == 0
+    plan = tmp_path / "plan.toml"
+    plan.write_text('stack = "deepspeed"\nzero = 2\n' + PLAN)  # two stages
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: stack deepspeed's pipeline engine")
+    assert result.output.strip().endswith("with 2 stages, zero must be 0 or 1, got 2")
+    rows = list(
+        csv.DictReader(io.StringIO((Path(__file__).parents[1] / "hetersim/data/published_runs.csv").read_text()))
+    )
+    row = next(r for r in rows if int(r["pp"]) > 1)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, [*rows[0].keys(), "stack"])
+    writer.writeheader()
+    writer.writerow({**row, "stack": "deepspeed", "zero": "3", "vp": "1"})
+    runs = tmp_path / "runs.csv"
+    runs.write_text(out.getvalue())
+    result = CliRunner().invoke(app, ["validate", "--runs", str(runs)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {runs}: row {row['id']}: ")
+    assert "column zero must be 0 or 1, got 3" in lines[0]

@@ -214,9 +214,9 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
     if vp > 1 and pp < 2:
         raise ValueError(f"{where}: vp {vp} needs pp > 1 (interleaving splits a pipeline stage into chunks)")
     try:
-        check_stack_schedule(plan["stack"], pp, vp)
+        check_stack_schedule(plan["stack"], pp, vp, zero=int(plan["zero"]))
     except FieldError as error:
-        names = {"stack": "the stack", "pp": "column pp", "vp": "column vp"}
+        names = {"stack": "the stack", "pp": "column pp", "vp": "column vp", "zero": "column zero"}
         raise ValueError(f"{where}: {error.named(names)}") from None
     heads, kv = int(model["heads"]), int(model["kv_heads"])
     if heads < 1 or kv < 1 or heads % kv:
