@@ -61,8 +61,8 @@ def _from_text(section: Section, name: str, value: Any) -> Any:
     if not isinstance(value, str) or spec is None:
         return value
     text = value.strip()
-    if "_" in text:  # int and float read "1_0" as 10: left as text, refused by the field's rule
-        return value
+    if "_" in text or not text.isascii():  # int and float read "1_0" as 10 and "٣٠" as 30: left as
+        return value  # text, refused by the field's rule
     try:
         if spec.kind == "integer":
             return int(text)
