@@ -395,12 +395,19 @@ def _kernel_column(row: Row, col: str, allowed: Sequence[str], path, ignore: Seq
     return value
 
 
+# The largest measured step (seconds) and rate (tokens per second per GPU) taken as real: bounds
+# on what a measurement can be (a step of 11.6 days; a thousand times any GPU's rate today), not
+# fitted; a figure beyond them is a unit or typing slip.
+MAX_STEP_S = 1e6
+MAX_TOKENS_PER_S_PER_GPU = 1e9
+
+
 def _step_time_column(row: Row, path) -> float | None:
     st = _num(path, row, "measured_step_time_s", integer=False, optional=True)
-    if st == 0:
+    if st is not None and not 0 < st <= MAX_STEP_S:
         raise ValueError(
-            f"{path}: row {row.id}: column measured_step_time_s must be positive "
-            "(leave it empty to use tokens/s or MFU)"
+            f"{path}: row {row.id}: column measured_step_time_s must be positive and at most {MAX_STEP_S:g} s "
+            f"(leave it empty to use tokens/s or MFU); got {st:g}"
         )
     return st
 
@@ -426,6 +433,11 @@ def _check_measured(row: Row, path) -> None:
     if mfu is not None and mfu > 1:
         raise ValueError(f"{path}: row {row.id}: measured_mfu {mfu:g} is above 1; give a share of the peak (0.45)")
     tps = _num(path, row, "measured_tokens_per_s_per_gpu", integer=False, optional=True)
+    if tps is not None and tps > MAX_TOKENS_PER_S_PER_GPU:
+        raise ValueError(
+            f"{path}: row {row.id}: column measured_tokens_per_s_per_gpu must be at most "
+            f"{MAX_TOKENS_PER_S_PER_GPU:g}; got {tps:g}"
+        )
     if not (_step_time_column(row, path) or tps or mfu):
         raise ValueError(f"{path}: row {row.id}: no measured step time, tokens/s or MFU")
 

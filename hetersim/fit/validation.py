@@ -247,12 +247,46 @@ def _component(out, i: int, component: str) -> float | None:
     return None
 
 
+# The units a measured-memory row may give: GiB per GPU (scored) or a share of a baseline (a
+# relative figure, listed as skipped); the largest GiB per GPU taken as real.
+MEMORY_UNITS = ("GiB/GPU", "% of baseline")
+MAX_MEMORY_GIB = 1e6
+
+
 def memory_records(path: Path) -> list[dict[str, str]]:
-    """The rows of a published-memory CSV, its header checked (one-line errors)."""
+    """The rows of a published-memory CSV, its header and each row's cells checked (one-line
+    errors naming the file, line and column)."""
     recs = list(csv_records(read_text(path, "memory")))
     if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
         raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
+    for k, rec in enumerate(recs, start=2):
+        _check_memory_row(f"{path}: line {k}", rec)
     return recs
+
+
+def _check_memory_row(where: str, rec: Mapping[str, str]) -> None:
+    """A measured-memory row's unit, and for a row in GiB its value, micro-batch, recompute mode and
+    sequence parallelism, as the model will read them."""
+    unit, raw = (rec.get("unit") or "").strip(), (rec.get("value") or "").strip()
+    if unit not in MEMORY_UNITS:
+        raise ValueError(f"{where}: column unit must be one of {', '.join(MEMORY_UNITS)}; got {unit!r}")
+    if unit != "GiB/GPU":
+        return
+    try:
+        value = float(raw) if raw.isascii() else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_MEMORY_GIB:  # NaN fails too
+        raise ValueError(f"{where}: column value must be a number of GiB > 0 and <= {MAX_MEMORY_GIB:g}; got {raw!r}")
+    mb = (rec.get("micro_batch") or "").strip()
+    if not (mb.isascii() and mb.isdigit() and 0 < int(mb) <= planfields.BY_NAME["micro_batch"].hi):
+        raise ValueError(f"{where}: column micro_batch must be {planfields.rule('micro_batch')}; got {mb!r}")
+    recompute = (rec.get("recompute") or "").strip()
+    if recompute and recompute not in ("none", "selective", "full"):
+        raise ValueError(f"{where}: column recompute must be none, selective or full (or empty); got {recompute!r}")
+    sp = (rec.get("sp") or "").strip()
+    if sp not in ("", "True", "False"):
+        raise ValueError(f"{where}: column sp must be True or False (or empty); got {sp!r}")
 
 
 def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_path=None) -> dict[str, Any]:
