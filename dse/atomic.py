@@ -118,9 +118,12 @@ def is_netcdf(path: Path) -> bool:
 
 def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None] = ()) -> Path:
     """A one-line ``ValueError`` naming ``what`` (a flag) unless file ``path`` can be written: it
-    is not a folder, not one of the files the command ``reads``, and its nearest existing ancestor
-    is a folder this process may write into. Called before any work, so that a bad output location
-    fails at once and leaves nothing."""
+    is not a folder (nor, given as text, a path ending in a separator, which ``Path`` would drop),
+    not one of the files the command ``reads``, and its nearest existing ancestor is a folder this
+    process may write into. Called before any work, so that a bad output location fails at once and
+    leaves nothing."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise ValueError(f"{what} {path}: ends in a separator, a folder's path; give a file path")
     path = Path(path)
     if any(source is not None and Path(source).resolve() == path.resolve() for source in reads):
         raise ValueError(f"{what} {path} is a file this command reads; give the output its own file")
@@ -129,6 +132,24 @@ def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None]
     check_plain(path, what, "a file path")
     _check_ancestor(path.parent, path, what)
     return path
+
+
+def check_own_output(path: str | Path, what: str, kind: str) -> Path:
+    """:func:`check_target` for a ``kind`` ("JSON" or "TOML") output, which also refuses to replace
+    an existing file of other content: a rerun replaces its own output, while ``--out r.nc`` (a
+    results file) or ``--out notes.txt`` is a slip that would lose the file."""
+    import json
+    import tomllib
+
+    target = check_target(path, what)
+    if target.is_file() and target.stat().st_size:
+        try:
+            text = target.read_text(encoding="utf-8")
+            json.loads(text) if kind == "JSON" else tomllib.loads(text)
+        except (UnicodeDecodeError, ValueError):  # JSONDecodeError and TOMLDecodeError are ValueErrors
+            message = f"{what} {target}: exists and is no {kind} file; give another path, or remove it"
+            raise ValueError(message) from None
+    return target
 
 
 def check_plain(path: str | Path, what: str, give: str = "a file") -> None:

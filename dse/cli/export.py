@@ -15,11 +15,17 @@ from dse import format as fmt
 from .app import app, user_errors
 
 
-def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out: bool = False) -> dict[str, Any]:
+def export_command(
+    path: Path, csv: str | Path | None, parquet: str | Path | None, json_out: bool = False
+) -> dict[str, Any]:
     """Write the table of :func:`dse.results.to_frame` to ``csv`` and/or ``parquet`` (atomically)."""
     from dse import atomic
     from dse.results import to_frame
 
+    for target, flag in ((csv, "--csv"), (parquet, "--parquet")):  # a path ending in a separator is a folder's
+        if isinstance(target, str):
+            atomic.check_target(target, flag)
+    csv, parquet = (Path(t) if t is not None else None for t in (csv, parquet))
     if csv is None and parquet is None:
         raise ValueError("give --csv PATH and/or --parquet PATH")
     if csv is not None and parquet is not None and csv.resolve() == parquet.resolve():
@@ -61,8 +67,8 @@ def export_command(path: Path, csv: Path | None, parquet: Path | None, json_out:
 @user_errors
 def export_cmd(
     path: Path = typer.Argument(..., help="Results dataset (.nc) from `hetersim sweep` or `hetersim optimize`."),
-    csv: Path | None = typer.Option(None, "--csv", help="Write a CSV table here."),
-    parquet: Path | None = typer.Option(None, "--parquet", help="Write a Parquet table here (needs pyarrow)."),
+    csv: str | None = typer.Option(None, "--csv", help="Write a CSV table here."),
+    parquet: str | None = typer.Option(None, "--parquet", help="Write a Parquet table here (needs pyarrow)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Export a results dataset as a table: one row per configuration (or trial), names for codes."""

@@ -47,7 +47,7 @@ OPTIONS = {k: v for k, v in PLAN_OPTIONS.items() if k not in _OWN_LAYOUT}
     catalog_files=(list[Path], typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable.")),
     top=(int, typer.Option(10, "--top", help="How many of the best plans to list.")),
     out=(
-        Path | None,
+        str | None,
         typer.Option(
             None, "--out", help="Write the best plan here as a plan file (TOML); with --study, the report's folder."
         ),
@@ -70,7 +70,7 @@ def plan(**options: Any) -> None:
     if top < 1:
         raise ValueError(f"--top must be a positive integer; got {top}")
     if out is not None:
-        atomic.check_target(out, "--out")
+        out = atomic.check_own_output(out, "--out", "TOML")
     rest = {k: v for k, v in fold_switches(options).items() if v is not None and not api._is_default(k, v)}
     rest["offload"] = dict(rest.get("offload") or {})
     if rest.get("global_batch") is None:
@@ -158,7 +158,7 @@ def _study(study: Path, model, cluster, out, options: dict[str, Any]) -> None:
         raise ValueError("--study names the model and the clusters; leave --model and --cluster out")
     if out is None:
         raise ValueError("--study needs --out DIR (the report's folder)")
-    folder = run_plan_study(study, out, catalog_files)
+    folder = run_plan_study(study, Path(out), catalog_files)
     status(f"wrote {folder / 'report.md'}")
 
 

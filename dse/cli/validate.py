@@ -26,7 +26,7 @@ VALIDATION_KEYS = (
 def validate_cmd(
     runs: Path | None = typer.Option(None, "--runs", help="Runs CSV (default: the packaged published runs)."),
     memory: Path | None = typer.Option(None, "--memory", help="Measured-memory CSV to validate as well."),
-    json_out: Path | None = typer.Option(None, "--out", help="Also write the report as JSON to this file."),
+    json_out: str | None = typer.Option(None, "--out", help="Also write the report as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     worst: int = typer.Option(5, "--worst", help="How many of the worst rows to list again."),
     catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
@@ -44,6 +44,7 @@ def validate_cmd(
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
     if json_out is not None:
         atomic.check_target(json_out, "--out", reads=(runs, memory, stacks_file, *catalog_files))
+        json_out = atomic.check_own_output(json_out, "--out", "JSON")
     catalog = load_catalog(catalog_files)
     path = runs or default_runs_path()
     rows = read_runs(path, load_stacks(stacks_file))
@@ -81,24 +82,12 @@ def validate_cmd(
         con.print(f"wrote {json_out}")
 
 
-def _check_toml_target(out: Path) -> None:
-    """``--out`` may replace a TOML file (an earlier calibration, a rerun), never a file of other
-    text (``--out notes.txt`` is a slip, which a fit of minutes would then overwrite)."""
-    import tomllib
-
-    if out.is_file() and out.stat().st_size:
-        try:
-            tomllib.loads(out.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-            raise ValueError(f"--out {out}: exists and is no TOML file; give another path, or remove it") from None
-
-
 @app.command("calibrate")
 @user_errors
 def calibrate_cmd(
     runs: Path | None = typer.Option(None, "--runs", help="Runs CSV (default: the packaged published runs)."),
     steps: int = typer.Option(300, "--steps", help="Gradient steps."),
-    out: Path | None = typer.Option(None, "--out", help="Calibration TOML to write (default: the packaged one)."),
+    out: str | None = typer.Option(None, "--out", help="Calibration TOML to write (default: the packaged one)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Fit and report, write nothing."),
     catalog_files: list[Path] = typer.Option([], "--catalog", help="Extra catalog TOML file, repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the fitted values and MAPE as JSON."),
@@ -121,7 +110,7 @@ def calibrate_cmd(
         raise ValueError("--dry-run writes nothing; give --out without it, or leave --out out")
     if out is not None:
         atomic.check_target(out, "--out", reads=(runs, *catalog_files))
-        _check_toml_target(out)
+        out = atomic.check_own_output(out, "--out", "TOML")
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
     catalog = load_catalog(catalog_files)
