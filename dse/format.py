@@ -244,7 +244,7 @@ def _sends(st: Mapping[str, Any]) -> str:
     facts = (
         ("each micro-batch with its attention mask", st["p2p_mask"]),
         ("gradients sent whole", st["p2p_full_grads"]),
-        ("the last stage keeps two micro-batches' fp32 logits", st["kept_logits"]),
+        ("its last stage keeps two micro-batches' fp32 logits under a materialised loss", st["kept_logits"]),
     )
     notes = [n for n, on in facts if on]
     return f" ({', '.join(notes)})" if notes else ""

@@ -888,7 +888,7 @@ def test_deepspeed_pipeline_keeps_two_micro_batches_fp32_logits_on_its_last_stag
 def test_the_stack_line_says_which_stacks_keep_the_last_stages_logits():
     """``evaluate`` names the kept logits in the stack line of a stack that keeps them, and only there."""
     args = "evaluate --model gpt3-1.3b --gpu v100-sxm-32gb --gpus 8 --pp 2 --global-batch 64 --precision fp16".split()
-    kept = "the last stage keeps two micro-batches' fp32 logits"
+    kept = "its last stage keeps two micro-batches' fp32 logits under a materialised loss"
     for stack, shown in (("deepspeed-2020", True), ("deepspeed", True), ("megatron-legacy", False)):
         result = CliRunner().invoke(app, [*args, "--stack", stack, "--attention", "materialized"])
         assert result.exit_code == 0, result.output

@@ -84,7 +84,8 @@ def _layout(config: Mapping[str, Any], varied: Sequence[str] = ()) -> str:
     names += tuple(k for k in varied if k not in names and k in config)
     bools = {f.name for f in planfields.FIELDS if f.kind == "bool"}
     values = {k: config[k] in ("on", True, 1) if k in bools else config[k] for k in names}
-    return planfields.layout_label(values, names, omit_defaults=("ep", "etp", "ep_overlap", "shard_group"))
+    quiet = tuple(k for k in ("ep", "etp", "ep_overlap", "shard_group") if k not in varied)  # shown where varied
+    return planfields.layout_label(values, names, omit_defaults=quiet)
 
 
 def _value(value: float, units: str) -> str:
@@ -303,7 +304,7 @@ def bench_cmd(
         "--no-hoist",
         help="Compute the layer costs once per configuration, not once per distinct set of the axes they read.",
     ),
-    json_path: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON to this file."),
+    json_path: str | None = typer.Option(None, "--out", help="Also write the figures as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ) -> None:
     """Measure configurations per second, compile time, peak memory and XLA's cost figures of the
@@ -319,7 +320,7 @@ def bench_cmd(
         raise ValueError(f"--one-at-a-time must be >= 0; got {one_at_a_time}")
     names = parse_models(models) if models is not None else None
     if json_path is not None:
-        atomic.check_target(json_path, "--out")
+        json_path = atomic.check_own_output(json_path, "--out", "JSON")
     bench_command(
         configs,
         chunk,

@@ -115,6 +115,11 @@ def _versions(ds) -> dict[str, dict[str, str]]:
 
 
 def _infeasible_counts(r: Results) -> dict[str, int]:
+    """Configurations flagged by each reason: over every configuration a streamed sweep evaluated
+    (its ``infeasible_reasons`` attribute), else over the file's rows."""
+    if streamed(r.ds) and "infeasible_reasons" in r.ds.attrs:
+        counts = json.loads(str(r.ds.attrs["infeasible_reasons"]))
+        return {str(k): int(v) for k, v in counts.items() if v}
     if "infeasible" not in r.ds.variables:
         return {}
     attrs = r.ds["infeasible"].attrs

@@ -136,7 +136,7 @@ class Results:
 
 def load(path: str | Path) -> Results:
     ds = open_results(path)
-    if not ds["feasible"].size:
+    if not ds["feasible"].size and not streamed(ds):  # a streamed sweep with nothing feasible keeps no row
         raise ValueError(f"{path}: holds no configurations to report")
     feasible = np.asarray(ds["feasible"].values).astype(bool)
     objectives, senses = _objectives(ds)
@@ -145,7 +145,7 @@ def load(path: str | Path) -> Results:
         names = flag_labels(ds, "model") or [str(k) for k in range(group.max() + 1)]
     else:
         group = np.zeros(ds.sizes["config"], dtype=np.int64)
-        names = [str(decode(ds, "model", ds["model"].values[0]))] if "model" in ds.variables else [""]
+        names = [str(decode(ds, "model", ds["model"].values[0]))] if "model" in ds.variables and group.size else [""]
     varying = [
         c for c in COLUMNS if c in ds.variables and feasible.any() and len(np.unique(ds[c].values[feasible])) > 1
     ]

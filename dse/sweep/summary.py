@@ -29,8 +29,17 @@ def describe(ds, index: int) -> dict[str, Any]:
 
 def varied_fields(ds) -> list[str]:
     """The plan fields (beyond model, GPU and GPU count) that take more than one value over the
-    dataset's configurations (a streamed file's: those it kept), in column order."""
-    return [c for c in COLUMNS[3:] if c in ds and np.unique(ds[c].values).size > 1]
+    dataset's configurations: a streamed file's from its per-axis summaries (``marginal_<field>``
+    dimensions, one entry per value of every configuration evaluated), not the few it kept."""
+    out = []
+    for c in COLUMNS[3:]:
+        if f"marginal_{c}" in ds.sizes:
+            n = ds.sizes[f"marginal_{c}"]
+        else:
+            n = np.unique(ds[c].values).size if c in ds else 0
+        if n > 1:
+            out.append(c)
+    return out
 
 
 def summarize(path: str | Path) -> dict[str, Any]:
