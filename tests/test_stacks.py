@@ -767,8 +767,6 @@ def test_the_stacks_with_interleaved_pipelines_are_those_whose_code_has_one():
 
 def test_a_plan_file_or_runs_row_with_a_pipeline_its_stack_lacks_is_refused(tmp_path):
     """The same rule where a plan file or a measured run enters: named by the file (and row)."""
-    import csv
-    import io
 
     from .test_hplan import PLAN
 
@@ -783,6 +781,17 @@ def test_a_plan_file_or_runs_row_with_a_pipeline_its_stack_lacks_is_refused(tmp_
     result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan), "--vp", "2"])
     assert result.exit_code == 2 and result.output.startswith(f"error: {plan}'s stack deepspeed has no interleaved")
     assert "--vp must be 1, got 2" in result.output
+    line, runs, row_id = _pipelined_runs_row(tmp_path, stack="llm-foundry")
+    assert line.startswith(f"error: {runs}: row {row_id}: ")
+    assert "the stack llm-foundry has no pipeline parallelism" in line and "column pp must be 1" in line
+
+
+def _pipelined_runs_row(tmp_path, **cells):
+    """``validate`` of a runs file of one packaged row with a pipeline, ``cells`` (a ``stack`` among
+    them) changed: its one error line (exit 2 asserted), the file and the row's id."""
+    import csv
+    import io
+
     rows = list(
         csv.DictReader(io.StringIO((Path(__file__).parents[1] / "hetersim/data/published_runs.csv").read_text()))
     )
@@ -790,13 +799,13 @@ def test_a_plan_file_or_runs_row_with_a_pipeline_its_stack_lacks_is_refused(tmp_
     out = io.StringIO()
     writer = csv.DictWriter(out, [*rows[0].keys(), "stack"])
     writer.writeheader()
-    writer.writerow({**row, "stack": "llm-foundry"})
+    writer.writerow({**row, **cells})
     runs = tmp_path / "runs.csv"
     runs.write_text(out.getvalue())
     result = CliRunner().invoke(app, ["validate", "--runs", str(runs)])
     lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {runs}: row {row['id']}: ")
-    assert "the stack llm-foundry has no pipeline parallelism" in lines[0] and "column pp must be 1" in lines[0]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    return lines[0], runs, row["id"]
 
 
 def test_dualpipe_a_mix_and_one_stage_plans_keep_to_the_pipeline_rules(tmp_path, catalog, cal):
@@ -900,8 +909,6 @@ def test_deepspeeds_pipeline_engine_runs_zero_0_and_1_only(tmp_path, catalog, ca
     (``pipeline_zero1``): a sweep's point with pp > 1 and ZeRO 2-3 under ``deepspeed`` is flagged
     as a schedule the stack cannot run; the same plan given to ``evaluate``, in a plan file or in a
     runs row is refused naming the field. One stage, ZeRO 1, or DeepSpeed 0.3 (no such assert) runs."""
-    import csv
-    import io
 
     from hetersim.types import Infeasible
 
@@ -928,17 +935,5 @@ def test_deepspeeds_pipeline_engine_runs_zero_0_and_1_only(tmp_path, catalog, ca
     result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
     assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: stack deepspeed's pipeline engine")
     assert result.output.strip().endswith("with 2 stages, zero must be 0 or 1, got 2")
-    rows = list(
-        csv.DictReader(io.StringIO((Path(__file__).parents[1] / "hetersim/data/published_runs.csv").read_text()))
-    )
-    row = next(r for r in rows if int(r["pp"]) > 1)
-    out = io.StringIO()
-    writer = csv.DictWriter(out, [*rows[0].keys(), "stack"])
-    writer.writeheader()
-    writer.writerow({**row, "stack": "deepspeed", "zero": "3", "vp": "1"})
-    runs = tmp_path / "runs.csv"
-    runs.write_text(out.getvalue())
-    result = CliRunner().invoke(app, ["validate", "--runs", str(runs)])
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {runs}: row {row['id']}: ")
-    assert "column zero must be 0 or 1, got 3" in lines[0]
+    line, runs, row_id = _pipelined_runs_row(tmp_path, stack="deepspeed", zero="3", vp="1")
+    assert line.startswith(f"error: {runs}: row {row_id}: ") and "column zero must be 0 or 1, got 3" in line
