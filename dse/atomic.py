@@ -122,9 +122,7 @@ def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None]
     not one of the files the command ``reads``, and its nearest existing ancestor is a folder this
     process may write into. Called before any work, so that a bad output location fails at once and
     leaves nothing."""
-    if isinstance(path, str) and path.endswith(("/", os.sep)):
-        raise ValueError(f"{what} {path}: ends in a separator, a folder's path; give a file path")
-    path = Path(path)
+    path = file_path(path, what)
     if any(source is not None and Path(source).resolve() == path.resolve() for source in reads):
         raise ValueError(f"{what} {path} is a file this command reads; give the output its own file")
     if path.is_dir():
@@ -134,14 +132,22 @@ def check_target(path: str | Path, what: str, reads: Iterable[str | Path | None]
     return path
 
 
-def check_own_output(path: str | Path, what: str, kind: str) -> Path:
+def file_path(path: str | Path, what: str) -> Path:
+    """``path`` as a file's path: given as text, one ending in a separator names a folder (``Path``
+    would drop the separator), refused naming ``what``."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise ValueError(f"{what} {path}: ends in a separator, a folder's path; give a file path")
+    return Path(path)
+
+
+def check_own_output(path: str | Path, what: str, kind: str, reads: Iterable[str | Path | None] = ()) -> Path:
     """:func:`check_target` for a ``kind`` ("JSON" or "TOML") output, which also refuses to replace
     an existing file of other content: a rerun replaces its own output, while ``--out r.nc`` (a
     results file) or ``--out notes.txt`` is a slip that would lose the file."""
     import json
     import tomllib
 
-    target = check_target(path, what)
+    target = check_target(path, what, reads)
     if target.is_file() and target.stat().st_size:
         try:
             text = target.read_text(encoding="utf-8")

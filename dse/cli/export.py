@@ -22,10 +22,9 @@ def export_command(
     from dse import atomic
     from dse.results import to_frame
 
-    for target, flag in ((csv, "--csv"), (parquet, "--parquet")):  # a path ending in a separator is a folder's
-        if isinstance(target, str):
-            atomic.check_target(target, flag)
-    csv, parquet = (Path(t) if t is not None else None for t in (csv, parquet))
+    csv, parquet = (
+        atomic.file_path(t, f) if t is not None else None for t, f in ((csv, "--csv"), (parquet, "--parquet"))
+    )
     if csv is None and parquet is None:
         raise ValueError("give --csv PATH and/or --parquet PATH")
     if csv is not None and parquet is not None and csv.resolve() == parquet.resolve():

@@ -43,8 +43,7 @@ def validate_cmd(
     if worst < 0:
         raise ValueError(f"--worst must be a non-negative integer; got {worst}")
     if json_out is not None:
-        atomic.check_target(json_out, "--out", reads=(runs, memory, stacks_file, *catalog_files))
-        json_out = atomic.check_own_output(json_out, "--out", "JSON")
+        json_out = atomic.check_own_output(json_out, "--out", "JSON", reads=(runs, memory, stacks_file, *catalog_files))
     catalog = load_catalog(catalog_files)
     path = runs or default_runs_path()
     rows = read_runs(path, load_stacks(stacks_file))
@@ -109,8 +108,7 @@ def calibrate_cmd(
     if out is not None and dry_run:
         raise ValueError("--dry-run writes nothing; give --out without it, or leave --out out")
     if out is not None:
-        atomic.check_target(out, "--out", reads=(runs, *catalog_files))
-        out = atomic.check_own_output(out, "--out", "TOML")
+        out = atomic.check_own_output(out, "--out", "TOML", reads=(runs, *catalog_files))
     if intervals and cross_validate:
         raise ValueError("--intervals already runs the leave-one-source-out fits; give one of it or --cross-validate")
     catalog = load_catalog(catalog_files)

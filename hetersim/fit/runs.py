@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import build
-from ..planrules import check_experts, check_stack_schedule
+from ..planrules import check_experts, check_stack_plan
 from ..terms.flops import megatron_flops_per_token
 from ..types import ATTENTION, FieldError
 from ..units import TFLOP
@@ -214,7 +214,7 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
     if vp > 1 and pp < 2:
         raise ValueError(f"{where}: vp {vp} needs pp > 1 (interleaving splits a pipeline stage into chunks)")
     try:
-        check_stack_schedule(plan["stack"], pp, vp, zero=int(plan["zero"]))
+        check_stack_plan(plan, pp, vp)
     except FieldError as error:
         names = {"stack": "the stack", "pp": "column pp", "vp": "column vp", "zero": "column zero"}
         raise ValueError(f"{where}: {error.named(names)}") from None

@@ -282,8 +282,9 @@ def _check_memory_row(where: str, rec: Mapping[str, str]) -> None:
     if not (mb.isascii() and mb.isdigit() and 0 < int(mb) <= planfields.BY_NAME["micro_batch"].hi):
         raise ValueError(f"{where}: column micro_batch must be {planfields.rule('micro_batch')}; got {mb!r}")
     recompute = (rec.get("recompute") or "").strip()
-    if recompute and recompute not in ("none", "selective", "full"):
-        raise ValueError(f"{where}: column recompute must be none, selective or full (or empty); got {recompute!r}")
+    modes = planfields.BY_NAME["recompute"].names
+    if recompute and recompute not in modes:
+        raise ValueError(f"{where}: column recompute must be one of {', '.join(modes)} (or empty); got {recompute!r}")
     sp = (rec.get("sp") or "").strip()
     if sp not in ("", "True", "False"):
         raise ValueError(f"{where}: column sp must be True or False (or empty); got {sp!r}")
