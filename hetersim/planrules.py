@@ -30,7 +30,7 @@ def check_stack_schedule(
 ) -> None:
     """A pipeline the plan's stack does not have (its profile's ``pipeline`` fact; DualPipe needs a
     stack whose schedules are more than 1F1B) or does not run with the plan's ZeRO stage (the
-    ``pipeline_zero1`` fact): :func:`hetersim.simulate.stack_schedule_bad` flags the same in a
+    ``pipeline_zero1`` fact): :func:`hetersim.terms.stackrules.stack_schedule_bad` flags the same in a
     sweep. ``stages``: ``pp`` is a plan file's count of stages, not a field."""
     from . import stacks
     from .types import Stack
@@ -62,9 +62,40 @@ def check_stack_schedule(
 
 
 def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = False) -> None:
-    """:func:`check_stack_schedule` of a plan's fields (its stack, DualPipe and ZeRO stage)."""
+    """:func:`check_stack_schedule` of a plan's fields (its stack, DualPipe and ZeRO stage), and
+    :func:`check_stack_features` (its context parallelism and precision)."""
     dualpipe, zero = bool(plan.get("dualpipe")), int(plan.get("zero") or 0)
     check_stack_schedule(plan.get("stack"), pp, vp, stages, dualpipe, zero)
+    check_stack_features(plan.get("stack"), int(plan.get("cp") or 1), plan.get("precision"))
+
+
+def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
+    """Context parallelism or an 8-bit-class precision the plan's stack does not have (its
+    profile's ``context_parallel`` and ``fp8`` facts): :func:`hetersim.terms.stackrules.stack_feature_bad`
+    flags the same in a sweep (``Infeasible.STACK``)."""
+    from . import stacks
+    from .types import LOW_PRECISION, Stack
+
+    name = str(stack or Stack.MEGATRON.label)
+    if name not in Stack.names():
+        return  # an unknown stack is named by the field's own check
+    prof, where = stacks.profile(name), "hetersim/catalog/stacks.toml"
+    if cp > 1 and not prof.context_parallel:
+        raise FieldError(
+            f"{{0}} {name} has no context parallelism (its profile's context_parallel fact, {where}); "
+            f"{{1}} must be 1, got {cp}",
+            "stack",
+            "cp",
+        )
+    low = [p.label for p in LOW_PRECISION]
+    label = getattr(precision, "label", precision)
+    if str(label) in low and not prof.fp8:
+        raise FieldError(
+            f"{{0}} {name} trains in no 8-bit precision (its profile's fp8 fact, {where}); {{1}} must be "
+            f"bf16, fp16 or fp32, got {label}",
+            "stack",
+            "precision",
+        )
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:

@@ -30,7 +30,7 @@ from .layer import LayerCosts, layer_costs, p2p_chunk_s
 from .outputs import OUTPUTS, STEP_TERMS
 from .pytree import spec
 from .specs import Calibration, ModelSpec, Plan, SystemSpec
-from .terms import comm, compute, memory, offload, schedule
+from .terms import comm, compute, memory, offload, schedule, stackrules
 from .terms import goodput as goodput_terms
 from .terms._safe import not_multiple, pos, safe_div
 from .terms.dp import collective_parts, hidden_traffic_s, list_copy_s, param_tensors, zero3_regather
@@ -128,25 +128,14 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(not_multiple(model.hidden, plan.tp) | not_multiple(model.ffn_hidden, plan.tp), Infeasible.HIDDEN_DIVIDE)
     f |= _flag((plan.cp > 1) & not_multiple(plan.seq_len, 2.0 * plan.cp), Infeasible.SEQ_DIVIDE)
     bad_schedule = (plan.vp > 1) & ((plan.pp <= 1) | not_multiple(n_micro, plan.pp))
-    bad_schedule = bad_schedule | stack_schedule_bad(plan)
+    bad_schedule = bad_schedule | stackrules.stack_schedule_bad(plan)
     f |= _flag(bad_schedule | (plan.vp < 1) | schedule.dualpipe_bad(plan, n_micro), Infeasible.SCHEDULE)
     f |= _flag(dev.peak_tflops[plan.precision_code] <= 0, Infeasible.PRECISION)
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
     f |= _flag((plan.shard_group > 0) & not_multiple(memory.dp_ranks(plan), plan.shard_group), Infeasible.SHARD_GROUP)
+    f |= _flag(stackrules.stack_feature_bad(plan), Infeasible.STACK)
     return f
-
-
-def stack_schedule_bad(plan: Plan):
-    """The plan's stack has not the pipeline it asks for (the stack fact ``pipeline``): ``pp`` > 1
-    stages where it has no pipeline parallelism, or interleaved chunks (vp > 1) or DualPipe where it
-    has 1F1B alone; or its pipeline engine does not run the plan's ZeRO stage (``pipeline_zero1``:
-    DeepSpeed's, ZeRO 0-1 only)."""
-    table = stacks.table()
-    no_pipe = (plan.pp > 1) & (compute.stack_fact(table.no_pipeline, plan) > 0)
-    chunks = (plan.vp > 1) | (plan.dualpipe > 0)  # DualPipe too needs more than 1F1B
-    zero = (plan.pp > 1) & (plan.zero >= 2) & (compute.stack_fact(table.pipeline_zero1, plan) > 0)
-    return no_pipe | zero | (chunks & (compute.stack_fact(table.no_interleaving, plan) > 0))
 
 
 def expert_layout_bad(model: ModelSpec, plan: Plan):

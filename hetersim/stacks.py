@@ -60,6 +60,8 @@ _SWITCHES = (
     "p2p_mask",
     "kept_logits",
     "pipeline_zero1",
+    "context_parallel",
+    "fp8",
 )
 # The pipeline schedules a stack has: an interleaved one (model chunks, vp > 1) besides 1F1B,
 # 1F1B only (pp > 1, vp 1), or no pipeline parallelism at all (pp 1).
@@ -90,6 +92,8 @@ class Profile:
     p2p_mask: bool
     kept_logits: bool
     pipeline_zero1: bool
+    context_parallel: bool
+    fp8: bool
     sources: dict[str, str]
 
 
@@ -119,6 +123,8 @@ class StackTable:
     p2p_mask: np.ndarray  # 1.0 where each micro-batch's send carries the s x s attention mask
     kept_logits: np.ndarray  # 1.0 where a pipeline's last stage keeps two micro-batches' fp32 logits
     pipeline_zero1: np.ndarray  # 1.0 where the pipeline engine runs ZeRO stages 0-1 only
+    context_parallel: np.ndarray  # 1.0 where the stack splits a sequence over ranks (cp > 1)
+    fp8: np.ndarray  # 1.0 where it trains with 8-bit (or narrower) GEMMs: fp8, mxfp8, nvfp4
 
 
 def default_path() -> Path:

@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 18
+        assert len(facts) == 20
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -937,3 +937,48 @@ def test_deepspeeds_pipeline_engine_runs_zero_0_and_1_only(tmp_path, catalog, ca
     assert result.output.strip().endswith("with 2 stages, zero must be 0 or 1, got 2")
     line, runs, row_id = _pipelined_runs_row(tmp_path, stack="deepspeed", zero="3", vp="1")
     assert line.startswith(f"error: {runs}: row {row_id}: ") and "column zero must be 0 or 1, got 3" in line
+
+
+def test_a_stack_without_context_parallelism_or_fp8_refuses_them(tmp_path, catalog, cal):
+    """Megatron-LM of 2020-22 had neither context parallelism (Megatron-Core's, 2023) nor FP8
+    (Transformer Engine's, December 2022), DeepSpeed 0.3 neither, llm-foundry's MPT raises on a
+    sequence split (the ``context_parallel`` and ``fp8`` facts): a sweep's point that asks for one is
+    flagged STACK, and the same plan given to ``evaluate``, a ``--cluster`` mix, a plan file or a
+    runs row is refused naming the field; a stack that has them prices it."""
+    from hetersim.types import Infeasible
+
+    from .test_hplan import PLAN
+
+    no_cp = [n for n in Stack.names() if not stacks.profile(n).context_parallel]
+    assert sorted(no_cp) == ["deepspeed-2020", "llm-foundry", "megatron-legacy"]
+    assert sorted(n for n in Stack.names() if not stacks.profile(n).fp8) == ["deepspeed-2020", "megatron-legacy"]
+    opts = dict(n_gpus=16, tp=1, pp=1, global_batch=64, seq_len=8192, sp=False, zero=1)
+
+    def stack_flag(**kw):
+        return bool(int(sim(*make(catalog, "llama2-7b", **opts, **kw), cal).infeasible) & int(Infeasible.STACK))
+
+    assert all(stack_flag(stack=name, cp=2) for name in no_cp)
+    assert not any(stack_flag(stack=name, cp=2) for name in ("megatron", "torchtitan", "maxtext", "fsdp"))
+    assert stack_flag(stack="megatron-legacy", precision="fp8") and stack_flag(stack="deepspeed-2020", precision="fp8")
+    assert not stack_flag(stack="llm-foundry", precision="fp8") and not stack_flag(stack="megatron", precision="fp8")
+    assert not stack_flag(stack="megatron-legacy", precision="fp16")
+    args = "evaluate --model llama2-7b --gpu h100-sxm-80gb --gpus 16 --global-batch 64".split()
+    for extra, tail in (
+        (["--stack", "megatron-legacy", "--cp", "2"], "--cp must be 1, got 2"),
+        (["--stack", "llm-foundry", "--cp", "2"], "--cp must be 1, got 2"),
+        (["--stack", "deepspeed-2020", "--precision", "fp8"], "--precision must be bf16, fp16 or fp32, got fp8"),
+    ):
+        result = CliRunner().invoke(app, [*args, *extra])
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: --stack {extra[1]} ")
+        assert lines[0].endswith(tail), lines[0]
+    assert CliRunner().invoke(app, [*args, "--stack", "torchtitan", "--cp", "2"]).exit_code == 0
+    mix = "evaluate --model llama2-7b --cluster a100-sxm-80gb:8,h100-sxm-80gb:8 --gpus 16 --global-batch 64".split()
+    result = CliRunner().invoke(app, [*mix, "--pp", "2", "--cp", "2", "--stack", "megatron-legacy"])
+    assert result.exit_code == 2 and result.output.startswith("error: --stack megatron-legacy has no context")
+    plan = tmp_path / "plan.toml"
+    plan.write_text('stack = "megatron-legacy"\ncp = 2\n' + PLAN)
+    result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: stack megatron-legacy has no context")
+    line, runs, row_id = _pipelined_runs_row(tmp_path, stack="deepspeed-2020", precision="fp8")
+    assert line.startswith(f"error: {runs}: row {row_id}: ") and "column precision must be bf16, fp16 or fp32" in line

@@ -208,8 +208,8 @@ def test_fsdp_stack_shards_over_context_parallel_ranks(tmp_path, catalog, cal):
 def test_a_rows_stack_column_names_its_profile_or_an_entry(tmp_path, catalog, cal):
     # r043 (Megatron-LM README, matched to megatron-core-te) and r000 (Narayanan SC'21, matched to
     # megatron-lm-2021: materialised attention) without the column, then naming a stack.
-    def rows(**cols):
-        rep = fit.validate(fit.read_runs(_runs_file(tmp_path, ["r000", "r043"], **cols)), catalog, cal)
+    def rows(ids=("r000", "r043"), **cols):
+        rep = fit.validate(fit.read_runs(_runs_file(tmp_path, list(ids), **cols)), catalog, cal)
         return {r["id"][:4]: r for r in rep["rows"]}
 
     plain = rows()
@@ -219,10 +219,13 @@ def test_a_rows_stack_column_names_its_profile_or_an_entry(tmp_path, catalog, ca
     assert {r["stack_profile"] for r in fsdp.values()} == {"fsdp"}
     assert fsdp["r043"]["predicted_step_time_s"] > plain["r043"]["predicted_step_time_s"]  # eager, FlashAttention-2
     # ... and keep it where it runs the named profile (r000's materialised scores stay).
-    legacy = rows(stack="megatron-legacy")
-    assert legacy["r000"]["stack"] == "megatron-lm-2021"
-    assert legacy["r000"]["predicted_step_time_s"] == pytest.approx(plain["r000"]["predicted_step_time_s"])
-    assert legacy["r043"]["stack"] == "megatron-legacy"
+    legacy = rows(["r000"], stack="megatron-legacy")["r000"]
+    assert legacy["stack"] == "megatron-lm-2021"
+    assert legacy["predicted_step_time_s"] == pytest.approx(plain["r000"]["predicted_step_time_s"])
+    # r043 ran FP8, which Megatron-LM of 2020-22 did not have (the profile's fp8 fact): refused.
+    with pytest.raises(ValueError, match=r"row r043\S*: the stack megatron-legacy trains in no 8-bit precision"):
+        rows(["r043"], stack="megatron-legacy")
+    assert rows(["r043"], stack="megatron-legacy", precision="bf16")["r043"]["stack"] == "megatron-legacy"
     # An entry of the stacks file brings its facts (torchtitan: SDPA's FlashAttention-2).
     titan = rows(stack="torchtitan-2024-12")
     assert {r["stack"] for r in titan.values()} == {"torchtitan-2024-12"}

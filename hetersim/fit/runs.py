@@ -216,7 +216,14 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
     try:
         check_stack_plan(plan, pp, vp)
     except FieldError as error:
-        names = {"stack": "the stack", "pp": "column pp", "vp": "column vp", "zero": "column zero"}
+        names = {
+            "stack": "the stack",
+            "pp": "column pp",
+            "vp": "column vp",
+            "zero": "column zero",
+            "cp": "column cp",
+            "precision": "column precision",
+        }
         raise ValueError(f"{where}: {error.named(names)}") from None
     heads, kv = int(model["heads"]), int(model["kv_heads"])
     if heads < 1 or kv < 1 or heads % kv:
