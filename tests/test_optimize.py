@@ -319,6 +319,21 @@ def test_cli_commands_once_registered(tmp_path):
     assert json.loads(res.output)["parameters"][0]["elasticity"] < 0
 
 
+def test_a_search_with_nothing_feasible_says_why(tmp_path, capsys):
+    """Every layout of LLaMA-2-13B unsharded on one GPU (tp 1, pp 1, ZeRO 0: ~16 bytes a parameter)
+    overflows HBM: the summary counts each infeasible trial's reasons by its stored layout's flags
+    and prints them, instead of only "no feasible trial"."""
+    path = variant(tmp_path, "tp = [1, 2, 4, 8]\npp = [1, 2, 4, 8]", "tp = [1]\npp = [1]")
+    path.write_text(path.read_text().replace("zero = [0, 1, 3]", "zero = [0]"))
+    s = optimize_command(path, 4, "random", 0, tmp_path, None, None, 4, False)
+    assert s["n_feasible"] == 0 and s["best"]["time_to_train_s"] is None
+    reasons = s["infeasible_reasons"]
+    assert reasons["hbm_capacity"] == 4 and set(reasons) <= {"hbm_capacity", "batch_divide"}  # gb 1536 vs dp
+    out = " ".join(capsys.readouterr().out.split())
+    line = "infeasible trials (by their stored layout; a trial may have several reasons): "
+    assert line + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in reasons.items()) in out
+
+
 def test_export_only_with_zero_trials(tmp_path):
     s = run_optimize(STUDY, 0, out=tmp_path, progress=False)
     assert s["n_trials"] == 0 and s["trials_added"] == 0

@@ -113,6 +113,9 @@ def print_optimize_summary(con, s: Mapping[str, Any]) -> None:
         f"({s['layouts_per_point']:,} per trial) in {s['wall_s']:.1f} s -> {s['path']}"
         + (f" (study: {s['journal']})" if s.get("journal") else "")
     )
+    if s.get("infeasible_reasons"):
+        reasons = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s["infeasible_reasons"].items())
+        con.print(f"infeasible trials (by their stored layout; a trial may have several reasons): {reasons}")
     objectives = s["objectives"]
     outer = s["outer"]
     title = f"Pareto set: {min(len(s['pareto']), PARETO_ROWS)} of {s['n_pareto_distinct']} distinct points"

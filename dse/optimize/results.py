@@ -19,6 +19,7 @@ from dse.study import PLAN_AXES
 from dse.sweep.checkpoints import package_versions
 from dse.sweep.dataset import COORD_ATTRS
 from hetersim import planfields
+from hetersim.types import Infeasible
 
 STATES = ("running", "complete", "pruned", "fail", "waiting")  # optuna TrialState values 0..4
 LAYOUT_COLUMNS = (*PLAN_AXES, "dp")
@@ -281,12 +282,19 @@ def summarize(ds: Any) -> dict[str, Any]:
             front.append({**row, **{o: float(ds[o].values[i]) for o in objectives}})
     complete = state == 1
     distinct = {tuple(ds[k].values[i].item() for k in outer) for i in np.flatnonzero(complete)}
+    # Why the complete trials that are not feasible are not: a [constraints] bound, or the flags
+    # of the layout each stored (hetersim.types.Infeasible, by name, as the sweep's summary counts).
+    bad = complete & ~feasible
+    flags = ds.infeasible.values.astype(np.int64)[bad]
+    reasons = {"constraints": int(np.count_nonzero(ds.layout_class.values[bad] == 1))}
+    reasons |= {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
     return {
         "study": ds.attrs["study_name"],
         "objectives": objectives,
         "n_trials": int(len(state)),
         "states": {s: int(np.count_nonzero(state == k)) for k, s in enumerate(STATES) if np.any(state == k)},
         "n_feasible": int(feasible.sum()),
+        "infeasible_reasons": {k: v for k, v in reasons.items() if v},
         "n_pareto": int(len(pareto)),
         "n_pareto_distinct": len(front),
         "n_distinct_points": len(distinct),
