@@ -17,6 +17,8 @@ _KEYS = {"name", "description", "model", "clusters", "top", "plan", "catalog"}
 def read_plan_study(path: Path) -> dict[str, Any]:
     """A plan-search study file, checked (one-line ``ValueError`` naming the file and key)."""
     from hetersim import hplan, planfields
+    from hetersim.planrules import check_stack_features
+    from hetersim.types import FieldError
 
     try:
         data = tomltext.loads(Path(path).read_text(encoding="utf-8-sig"))
@@ -56,6 +58,12 @@ def read_plan_study(path: Path) -> dict[str, Any]:
         if k not in planfields.BY_NAME or k in hplan.STRUCTURAL + ("vp", "ep", "etp"):
             raise ValueError(f"{path}: plan.{k} is not a field a plan search takes (the search sets the layout)")
     hplan.check_options(str(path), plan, "plan.")
+    if int(plan.get("cp") or 1) > 1:  # as `hetersim plan --cp`: the candidates have no context-parallel group
+        raise ValueError(f"{path}: plan.cp: the plan search lays out TP, PP and DP; write cp into a plan file")
+    try:  # a precision the stack does not train in, before any search
+        check_stack_features(plan.get("stack"), 1, plan.get("precision"))
+    except FieldError as e:
+        raise ValueError(f"{path}: {e.named({k: f'plan.{k}' for k in ('stack', 'cp', 'precision')})}") from None
     if "global_batch" not in plan:
         raise ValueError(f"{path}: plan.global_batch is required")
     top = data.get("top", 5)

@@ -982,3 +982,30 @@ def test_a_stack_without_context_parallelism_or_fp8_refuses_them(tmp_path, catal
     assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: stack megatron-legacy has no context")
     line, runs, row_id = _pipelined_runs_row(tmp_path, stack="deepspeed-2020", precision="fp8")
     assert line.startswith(f"error: {runs}: row {row_id}: ") and "column precision must be bf16, fp16 or fp32" in line
+
+
+def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_lacks(tmp_path):
+    """``hetersim plan`` (a mix, a budget, a plan study) checks the stack's fp8 and
+    context_parallel facts before it searches, naming the flags or the study's keys."""
+    plan = "plan --model llama2-7b --global-batch 64 --precision fp8 --stack megatron-legacy".split()
+    for where in (["--cluster", "h100-sxm-80gb:8,h200-sxm-141gb:8"], ["--budget", "100", "--kinds", "h100-sxm-80gb"]):
+        result = CliRunner().invoke(app, [*plan, *where])
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith("error: --stack megatron-legacy trains in no 8-bit precision")
+        assert result.output.strip().endswith("--precision must be bf16, fp16 or fp32, got fp8")
+    study = (Path(__file__).parents[1] / "studies/plans/a100_h100_equal_budget.toml").read_text()
+    assert 'precision = "bf16"\n' in study
+    path = tmp_path / "study.toml"
+    path.write_text(study.replace('precision = "bf16"\n', 'precision = "fp8"\nstack = "deepspeed-2020"\n'))
+    result = CliRunner().invoke(app, ["plan", "--study", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.output.strip() == (
+        f"error: {path}: plan.stack deepspeed-2020 trains in no 8-bit precision (its profile's fp8 fact, "
+        "hetersim/catalog/stacks.toml); plan.precision must be bf16, fp16 or fp32, got fp8"
+    )
+    # Context parallelism is no plan search's (the command refuses --cp the same way), whatever the stack.
+    path.write_text(study.replace('precision = "bf16"\n', "cp = 2\n"))
+    result = CliRunner().invoke(app, ["plan", "--study", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: {path}: plan.cp: the plan search lays out TP, PP and DP; write cp into a plan file"
+    )

@@ -10,6 +10,7 @@ import typer
 from dse import atomic
 from dse import format as fmt
 from hetersim.catalog import load_catalog
+from hetersim.planrules import check_stack_features
 
 from .app import app, check_seed, status, user_errors
 from .options import PLAN_OPTIONS, cluster_error, fold_switches, given_flags, with_flag, with_options
@@ -80,6 +81,10 @@ def plan(**options: Any) -> None:
         raise ValueError(f"--global-batch {gb} is not a multiple of --micro-batch {mb}")
     if int(rest.get("cp") or 1) > 1:  # the search's candidates have no context-parallel group
         raise ValueError("--cp: the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan")
+    try:  # a precision the stack does not train in, before any search
+        check_stack_features(rest.get("stack"), 1, rest.get("precision"))
+    except ValueError as error:
+        raise with_flag(error) from None
     label, entry = api._model(catalog, model)
     if budget is not None:
         _budget(catalog, label, entry, (budget, kinds, trials, seed), rest, top, out, as_json)
