@@ -88,8 +88,8 @@ def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
             "cp",
         )
     low = [p.label for p in LOW_PRECISION]
-    label = getattr(precision, "label", precision)
-    if str(label) in low and not prof.fp8:
+    label = str(getattr(precision, "label", precision)).strip().lower()  # a runs CSV may write FP8
+    if label in low and not prof.fp8:
         raise FieldError(
             f"{{0}} {name} trains in no 8-bit precision (its profile's fp8 fact, {where}); {{1}} must be "
             f"bf16, fp16 or fp32, got {label}",

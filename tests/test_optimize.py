@@ -328,10 +328,15 @@ def test_a_search_with_nothing_feasible_says_why(tmp_path, capsys):
     s = optimize_command(path, 4, "random", 0, tmp_path, None, None, 4, False)
     assert s["n_feasible"] == 0 and s["best"]["time_to_train_s"] is None
     reasons = s["infeasible_reasons"]
-    assert reasons["hbm_capacity"] == 4 and set(reasons) <= {"hbm_capacity", "batch_divide"}  # gb 1536 vs dp
+    assert reasons["hbm_capacity"] == 4  # and the study's HBM bound, and gb 1536 against some dp
+    assert set(reasons) <= {"hbm_capacity", "batch_divide", "constraint max_hbm_frac"}
     out = " ".join(capsys.readouterr().out.split())
-    line = "infeasible trials (by their stored layout; a trial may have several reasons): "
+    line = "infeasible trials (a constraint, or the flags of the layout stored where none runs): "
     assert line + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in reasons.items()) in out
+    # A search constraint no trial meets is named as such (the layouts themselves run).
+    path = variant(tmp_path, "[search.price]", "max_power_kW = 0.001\n\n[search.price]")
+    s = optimize_command(path, 4, "random", 0, tmp_path / "power", None, None, 4, True)
+    assert s["n_feasible"] == 0 and s["infeasible_reasons"]["constraint max_power_kW"] == 4
 
 
 def test_export_only_with_zero_trials(tmp_path):

@@ -1009,3 +1009,18 @@ def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_la
     assert result.exit_code == 2 and result.output.strip() == (
         f"error: {path}: plan.cp: the plan search lays out TP, PP and DP; write cp into a plan file"
     )
+
+
+def test_a_source_entry_cites_only_its_own_facts(tmp_path):
+    """Found by the thirteenth fuzz: a ``validate --stacks`` entry's ``sources`` table took any key
+    (``fp8 = true``, a profile's fact it cannot set) without a word; now each key must be one of the
+    entry's facts and each citation text."""
+    head = '[mine]\nname = "my runs"\nmatch = ["NVIDIA/Megatron-LM"]\nstack = "megatron-legacy"\n[mine.sources]\n'
+    for body, needle in (
+        ('stack = "a test"\nfp8 = true\n', "sources.fp8 is not a fact of a source entry (allowed: stack, attention"),
+        ("stack = 3\n", "sources.stack must be a citation (text); got 3"),
+    ):
+        path = tmp_path / "stacks.toml"
+        path.write_text(head + body)
+        result = CliRunner().invoke(app, ["validate", "--stacks", str(path)])
+        assert result.exit_code == 2 and result.output.count("\n") == 1 and needle in result.output, result.output

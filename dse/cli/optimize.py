@@ -115,7 +115,7 @@ def print_optimize_summary(con, s: Mapping[str, Any]) -> None:
     )
     if s.get("infeasible_reasons"):
         reasons = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s["infeasible_reasons"].items())
-        con.print(f"infeasible trials (by their stored layout; a trial may have several reasons): {reasons}")
+        con.print(f"infeasible trials (a constraint, or the flags of the layout stored where none runs): {reasons}")
     objectives = s["objectives"]
     outer = s["outer"]
     title = f"Pareto set: {min(len(s['pareto']), PARETO_ROWS)} of {s['n_pareto_distinct']} distinct points"

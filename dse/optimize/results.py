@@ -282,11 +282,14 @@ def summarize(ds: Any) -> dict[str, Any]:
             front.append({**row, **{o: float(ds[o].values[i]) for o in objectives}})
     complete = state == 1
     distinct = {tuple(ds[k].values[i].item() for k in outer) for i in np.flatnonzero(complete)}
-    # Why the complete trials that are not feasible are not: a [constraints] bound, or the flags
-    # of the layout each stored (hetersim.types.Infeasible, by name, as the sweep's summary counts).
+    # Why the complete trials that are not feasible are not: each search constraint they violate
+    # (constraint_<key> > 0), and for a trial none of whose layouts runs, the flags of the layout
+    # it stored (hetersim.types.Infeasible, by name, as the sweep's summary counts them).
     bad = complete & ~feasible
-    flags = ds.infeasible.values.astype(np.int64)[bad]
-    reasons = {"constraints": int(np.count_nonzero(ds.layout_class.values[bad] == 1))}
+    cons = {str(k)[len("constraint_") :]: ds[k].values[bad] for k in ds.data_vars if str(k).startswith("constraint_")}
+    reasons = {f"constraint {k}": int(np.count_nonzero(~(v <= 0))) for k, v in cons.items() if k != "layout"}
+    no_layout = ~(cons["layout"] <= 0) if "layout" in cons else np.ones(int(bad.sum()), bool)
+    flags = ds.infeasible.values.astype(np.int64)[bad][no_layout]
     reasons |= {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
     return {
         "study": ds.attrs["study_name"],

@@ -41,6 +41,9 @@ _FIELDS = {
     "sources",
 }
 
+# The facts an entry may set (and cite in its ``sources``).
+_FACTS = ("stack", "attention", "shards_over_cp", "zero3_reuse_Mparams", "zero3_prefetch")
+
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
@@ -88,6 +91,14 @@ def load_stacks(path: str | Path | None = None) -> list[Stack]:
         sources = entry.get("sources") or {}
         if not isinstance(sources, dict):
             raise ValueError(f"{where}: sources must be a table of fact = citation; got {sources!r}")
+        for fact, citation in sources.items():  # a citation of a fact the entry has, as text
+            if fact not in _FACTS:
+                raise ValueError(
+                    f"{where}: sources.{fact} is not a fact of a source entry (allowed: {', '.join(_FACTS)}; "
+                    "a profile's facts live in hetersim/catalog/stacks.toml)"
+                )
+            if not isinstance(citation, str) or not citation.strip():
+                raise ValueError(f"{where}: sources.{fact} must be a citation (text); got {citation!r}")
         prefetch = entry.get("zero3_prefetch", True)
         if not isinstance(prefetch, bool):
             raise ValueError(f"{where}: zero3_prefetch must be true or false; got {prefetch!r}")
