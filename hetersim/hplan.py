@@ -284,7 +284,10 @@ def parse_plan(data: Mapping[str, Any], origin: str = "plan") -> HeteroPlan:
         except ValueError as e:
             raise ValueError(f"{origin}: {e}") from None
     check_options(origin, options)
-    return HeteroPlan(pipes, balance, options, data.get("cluster"), data.get("link"))
+    hp = HeteroPlan(pipes, balance, options, data.get("cluster"), data.get("link"))
+    if (n := sum(hp.gpus().values())) > (most := int(planfields.BY_NAME["n_gpus"].hi)):
+        raise ValueError(f"{origin}: the plan puts {n:,} GPUs to work; at most {most:,}")
+    return hp
 
 
 def check_options(origin: str, options: Mapping[str, Any], prefix: str = "") -> None:

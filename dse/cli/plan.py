@@ -67,11 +67,12 @@ def plan(**options: Any) -> None:
         return _study(study, model, cluster, out, options)
     budget, kinds, trials, seed = (options.pop(k) for k in ("budget", "kinds", "trials", "seed"))
     _check_search(model, cluster, budget, kinds, trials, seed)
-    catalog = load_catalog(list(options.pop("catalog_files")))
+    catalog_files = list(options.pop("catalog_files"))
+    catalog = load_catalog(catalog_files)
     if top < 1:
         raise ValueError(f"--top must be a positive integer; got {top}")
-    if out is not None:
-        out = atomic.check_own_output(out, "--out", "TOML")
+    if out is not None:  # never one of the files it reads (a catalog, a config.json model)
+        out = atomic.check_own_output(out, "--out", "TOML", reads=(*catalog_files, model))
     rest = {k: v for k, v in fold_switches(options).items() if v is not None and not api._is_default(k, v)}
     rest["offload"] = dict(rest.get("offload") or {})
     if rest.get("global_batch") is None:

@@ -128,14 +128,16 @@ def print_sweep_summary(con, s: Mapping[str, Any]) -> None:
 
 
 def parse_chunks(text: str) -> list[int]:
-    """``--chunks 4096,16384``: positive integers, at most :data:`MAX_CHUNK` each."""
+    """``--chunks 4096,16384``: distinct positive integers (ASCII digits), at most :data:`MAX_CHUNK` each."""
     sizes = []
     for item in text.split(","):
-        try:
-            size = int(item.strip().replace("_", ""))
-        except ValueError:
-            raise ValueError(f"--chunks: {item.strip()!r} is not an integer (give sizes like 4096,16384)") from None
+        digits = item.strip().replace("_", "")
+        if not (digits.isascii() and digits.lstrip("+-").isdigit()):  # int() also reads other scripts' digits
+            raise ValueError(f"--chunks: {item.strip()!r} is not an integer (give sizes like 4096,16384)")
+        size = int(digits)
         positive("--chunks", size, hi=MAX_CHUNK)
+        if size in sizes:
+            raise ValueError(f"--chunks: {size} is given twice; each size is timed once")
         sizes.append(size)
     return sizes
 

@@ -107,6 +107,8 @@ def calibrate_cmd(
     positive("--steps", steps, hi=MAX_STEPS)
     if out is not None and dry_run:
         raise ValueError("--dry-run writes nothing; give --out without it, or leave --out out")
+    if out is not None and cross_validate:
+        raise ValueError("--cross-validate reports the held-out error and writes nothing; leave --out out")
     if out is not None:
         out = atomic.check_own_output(out, "--out", "TOML", reads=(runs, *catalog_files))
     if intervals and cross_validate:
