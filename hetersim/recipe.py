@@ -407,7 +407,8 @@ def _format_switch(m: dict[str, Any], key: str, origin: str) -> bool:
     value = m.get(key)
     if value is None or value is False:
         return False
-    if value is True or (isinstance(value, str) and value.strip().lower() not in _YES_NO):
+    fp8_name = key != "fp8" or not isinstance(value, str) or value.strip().lower() in ("e4m3", "hybrid")
+    if value is True or (isinstance(value, str) and value.strip().lower() not in _YES_NO and fp8_name):
         return True
     raise _fail(
         origin, f"model.{key}", f"must be a format name (fp8: e4m3 or hybrid), true, false or null; got {value!r}"
@@ -522,7 +523,35 @@ def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
     plan.update(_megatron_precision(args, origin))
     _shard_group(args, plan, origin)
     reader = recipe_moe.Reader(origin, lambda _key, flag: (flag, args[flag]) if flag in args else None, "flags")
-    return _with_moe(reader, _megatron_model(args, origin), plan)
+    model = _megatron_model(args, origin)
+    _virtual_stages(args, plan, model, origin)
+    return _with_moe(reader, model, plan)
+
+
+_VP_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
+
+
+def _virtual_stages(args: dict[str, str | None], plan: dict[str, Any], model: dict[str, Any], origin: str) -> None:
+    """Megatron-LM's interleaving flags (megatron/training/arguments.py, NVIDIA/Megatron-LM @
+    c550cf6c41 l.495-545): ``--num-virtual-stages-per-pipeline-rank N`` is vp N;
+    ``--num-layers-per-virtual-pipeline-stage N`` is vp = layers / pp / N (the embedding and the
+    loss each one layer more under --account-for-embedding/loss-in-pipeline-split), the layers of a
+    stage divisible by N; no more than one of them (or --virtual-pipeline-model-parallel-size)."""
+    given = [f for f in (*_VP_FLAGS, "--virtual-pipeline-model-parallel-size") if f in args]
+    if len(given) > 1:
+        raise _fail(origin, " ".join(given), "each sets the virtual pipeline stages; give one of them")
+    if given == [_VP_FLAGS[1]]:
+        plan["vp"] = _int_arg(origin, given[0], args[given[0]])
+    elif given == [_VP_FLAGS[0]]:
+        per, pp = _int_arg(origin, given[0], args[given[0]]), int(plan.get("pp", 1))
+        if "layers" not in model:
+            raise _fail(origin, given[0], "needs --num-layers (the virtual stages are its layers over pp)")
+        extra = ("--account-for-embedding-in-pipeline-split" in args) + ("--account-for-loss-in-pipeline-split" in args)
+        layers = model["layers"] + extra
+        if layers % pp or (layers // pp) % per:
+            what = f"{layers} layers over --pipeline-model-parallel-size {pp}"
+            raise _fail(origin, given[0], f"{per} must divide the layers of a stage ({what}; Megatron-LM asserts it)")
+        plan["vp"] = layers // pp // per
 
 
 def _shard_group(args: dict[str, str | None], plan: dict[str, Any], origin: str) -> None:
@@ -546,8 +575,13 @@ def _shard_group(args: dict[str, str | None], plan: dict[str, Any], origin: str)
 def _megatron_precision(args: dict[str, str | None], origin: str) -> dict[str, str]:
     if "--bf16" in args and "--fp16" in args:  # megatron/training/arguments.py: assert not args.bf16
         raise _fail(origin, "--fp16 --bf16", "both given; Megatron-LM takes one of them")
-    if "--fp8-format" in args:
-        return {"precision": "fp8"}
+    if "--fp8-format" in args:  # argparse choices, megatron/training/arguments.py @ c550cf6c41 l.1179-1187
+        if args["--fp8-format"] not in ("e4m3", "hybrid"):
+            raise _fail(origin, "--fp8-format", f"must be e4m3 or hybrid; got {args['--fp8-format']!r}")
+        recipe = args.get("--fp8-recipe", "delayed")
+        if recipe not in ("tensorwise", "delayed", "mxfp8", "blockwise"):
+            raise _fail(origin, "--fp8-recipe", f"must be tensorwise, delayed, mxfp8 or blockwise; got {recipe!r}")
+        return {"precision": "mxfp8" if recipe == "mxfp8" else "fp8"}
     if "--bf16" in args:
         return {"precision": "bf16"}
     if "--fp16" in args:

@@ -67,3 +67,67 @@ def test_a_plan_file_cannot_put_more_gpus_to_work_than_a_plan_field_allows(tmp_p
     line = _one_line(["evaluate", "--model", "llama2-7b", "--plan", str(plan)], "GPUs to work; at most 1,048,576")
     assert line.startswith(f"error: {plan}: the plan puts 2,000,000,008 GPUs")
     assert Path(plan).read_text() == PLAN
+
+
+MEGATRON = (
+    "--vocab-size 32000 --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 "
+    "--seq-length 2048 --micro-batch-size 1 --global-batch-size 8 "
+)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("--fp8-format bogus", "--fp8-format: must be e4m3 or hybrid; got 'bogus'"),  # was read as fp8
+        ("--fp8-format hybrid --fp8-recipe nope", "--fp8-recipe: must be tensorwise, delayed, mxfp8 or blockwise"),
+        ("--num-layers-per-virtual-pipeline-stage 0", "must be a positive integer; got '0'"),  # was ignored
+        (
+            "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
+            "3 must divide the layers of a stage (4 layers over --pipeline-model-parallel-size 2",
+        ),
+        (
+            "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+            "--num-layers-per-virtual-pipeline-stage 1",
+            "each sets the virtual pipeline stages; give one of them",
+        ),
+    ],
+)
+def test_a_megatron_argument_list_is_read_as_megatron_reads_it(tmp_path, extra, needle):
+    recipe = tmp_path / "args.sh"
+    recipe.write_text(MEGATRON + extra + "\n")
+    _one_line(["evaluate", "--gpu", "b200", "--gpus", "8", "--recipe", str(recipe)], needle)
+
+
+def test_megatrons_interleaving_and_fp8_recipe_flags_set_the_plan(tmp_path):
+    """``--num-layers-per-virtual-pipeline-stage`` was ignored (an interleaved run read as 1F1B) and
+    ``--fp8-recipe mxfp8`` read as per-tensor FP8; Megatron derives vp = layers / pp / N."""
+    from hetersim import recipe
+
+    path = tmp_path / "args.sh"
+    path.write_text(
+        MEGATRON + "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+        "--fp8-format hybrid --fp8-recipe mxfp8\n"
+    )
+    plan = recipe.read_recipe(path)["plan"]
+    assert plan["vp"] == 2 and plan["pp"] == 2 and plan["precision"] == "mxfp8"
+    path.write_text(MEGATRON + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2\n")
+    assert recipe.read_recipe(path)["plan"]["vp"] == 2
+
+
+def test_a_bridge_fp8_format_is_one_transformer_engine_has(tmp_path):
+    recipe = tmp_path / "b.yaml"
+    model = "num_layers: 4, hidden_size: 1024, num_attention_heads: 16, ffn_hidden_size: 4096, seq_length: 2048"
+    recipe.write_text(f"train: {{micro_batch_size: 1, global_batch_size: 8}}\nmodel: {{{model}, fp8: e5m2}}\n")
+    _one_line(["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--recipe", str(recipe)], "model.fp8: must be")
+
+
+def test_a_one_expert_config_routes_a_token_to_one_expert(tmp_path):
+    """A Mixtral config with num_local_experts 1 and num_experts_per_tok 2 was read as dense."""
+    config = tmp_path / "config.json"
+    config.write_text(
+        '{"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, '
+        '"num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 1, "num_experts_per_tok": 2, '
+        '"vocab_size": 32000, "max_position_embeddings": 32768, "hidden_act": "silu"}'
+    )
+    args = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8", "--model", str(config)]
+    _one_line(args, "num_experts_per_tok = 2 must be at most num_local_experts = 1")
