@@ -178,7 +178,7 @@ def read_plan_file(path: str | Path) -> HeteroPlan:
 
 
 def _int(where: str, key: str, value: Any, low: int = 1) -> int:
-    if not whole_number(value, low):
+    if isinstance(value, float) or not whole_number(value, low):  # 2.0 is a slip, as in a study
         raise ValueError(f"{where}: {key} must be an integer >= {low}; got {value!r}")
     return int(value)
 
@@ -368,20 +368,20 @@ def check(plan: HeteroPlan, model: Mapping[str, Any], cluster: Mapping[str, int]
 
 
 def _check_shares(plan: HeteroPlan, total_mb: int, origin: str) -> None:
-    """Whole micro-batches for every replica, dealt as :func:`hetersim.hsim._share_microbatches`
-    deals them: ``equal`` shares over the pipeline copies and then over a stage's replicas must
-    come out whole, and no replica may be left without one (``speed`` shares depend on the
-    devices' speed, which the engine flags)."""
+    """Whole micro-batches for every replica, as :func:`hetersim.hsim._share_microbatches` deals
+    them: ``equal`` shares over the copies, then a stage's replicas, come out whole; no replica is
+    left without one (under ``speed``: a copy's widest stage has at most its share)."""
     given = all(p.micro_batches is not None for p in plan.pipelines)
     copies = sum(p.count for p in plan.pipelines)
     equal = plan.balance == "equal"
     fix = 'give micro_batches or balance = "speed"'
     if not given and equal and total_mb % copies:
-        raise ValueError(
-            f"{origin}: {total_mb} micro-batches (global_batch / micro_batch) do not split equally over "
-            f"{copies} pipeline copies; {fix}"
-        )
+        what = f"{total_mb} micro-batches (global_batch / micro_batch)"
+        raise ValueError(f"{origin}: {what} do not split equally over {copies} pipeline copies; {fix}")
     if not (given or equal):
+        need = sum(p.count * max(sum(r.count for r in s.replicas) for s in p.stages) for p in plan.pipelines)
+        if need > total_mb:
+            raise ValueError(f"{origin}: {total_mb} micro-batches for {need} replicas leave a replica without one")
         return
     for j, p in enumerate(plan.pipelines):
         n = p.micro_batches if given else total_mb // copies

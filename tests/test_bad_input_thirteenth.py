@@ -15,7 +15,7 @@ global_batch = 64
 micro_batch = 1
 [[stage]]
 layers = 16
-replicas = [{ gpu = "a100-sxm-80gb", tp = 4 }, { gpu = "h100-sxm-80gb", tp = 2, count = 1e9 }]
+replicas = [{ gpu = "a100-sxm-80gb", tp = 4 }, { gpu = "h100-sxm-80gb", tp = 2, count = 1000000000 }]
 [[stage]]
 layers = 16
 gpu = "h100-sxm-80gb"
@@ -131,3 +131,33 @@ def test_a_one_expert_config_routes_a_token_to_one_expert(tmp_path):
     )
     args = ["evaluate", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--global-batch", "8", "--model", str(config)]
     _one_line(args, "num_experts_per_tok = 2 must be at most num_local_experts = 1")
+
+
+def test_an_override_that_changes_nothing_is_refused(tmp_path):
+    """A stated efficiency under a measured figure of the same entry changed nothing (the measured
+    figure wins): ``--set gemm_eff_bf16=0.3`` left the step as it was without a word."""
+    catalog = tmp_path / "cat.toml"
+    catalog.write_text(
+        '[gpus.mgpu]\nname = "Measured GPU"\nvendor = "Me"\npeak_tflops_bf16 = 989.0\npeak_tflops_fp16 = 989.0\n'
+        "peak_tflops_fp8 = 1979.0\npeak_tflops_fp32 = 67.0\nmeasured_gemm_tflops_bf16 = 700.0\ngemm_eff_fp8 = 0.7\n"
+        'hbm_capacity_GiB = 80.0\nhbm_bw_GBps = 3350.0\nscaleup_link = "nvlink4"\nscaleup_domain = 8\n'
+        'gpus_per_node = 8\nhost_link = "pcie5"\nnic = "ib-ndr"\nnics_per_gpu = 1.0\ntdp_W = 700.0\n'
+        'price_usd_per_hour = 4.0\nsm_count = 132\n[gpus.mgpu.sources]\nmeasured_gemm_tflops_bf16 = "mamf-finder"\n'
+    )
+    args = ["evaluate", "--model", "llama2-7b", "--gpu", "mgpu", "--gpus", "8", "--global-batch", "64"]
+    args += ["--catalog", str(catalog)]
+    _one_line([*args, "--set", "gemm_eff_bf16=0.3"], "gpus.mgpu.gemm_eff_bf16 is set by the entry's measured_gemm")
+    assert CliRunner().invoke(app, [*args, "--set", "measured_gemm_tflops_bf16=300"]).exit_code == 0
+
+
+def test_a_speed_balanced_plan_gives_every_replica_a_micro_batch(tmp_path):
+    """``balance = "speed"`` with 71 replicas for 64 micro-batches was priced FEASIBLE (each got one);
+    ``equal`` refused it. A whole number written as a float (``tp = 2.0``) is refused, as a study does."""
+    plan = tmp_path / "p.toml"
+    text = PLAN.replace("count = 1000000000", "count = 70").replace(
+        "micro_batch = 1\n", 'micro_batch = 1\nbalance = "speed"\n'
+    )
+    plan.write_text(text)
+    _one_line(["evaluate", "--model", "llama2-7b", "--plan", str(plan)], "64 micro-batches for 71 replicas leave a")
+    plan.write_text(text.replace("count = 70", "count = 2").replace("tp = 4\n", "tp = 4.0\n"))
+    _one_line(["evaluate", "--model", "llama2-7b", "--plan", str(plan)], "tp must be an integer >= 1; got 4.0")

@@ -146,6 +146,15 @@ def _measured_share(origin: str, label: str, entry: Entry, measured: str, peak: 
     return value / top
 
 
+# A measured figure (a tool's output) and the efficiency it sets: the figure wins over a stated one.
+MEASURED_FIELDS = {
+    "gemm_eff_bf16": "measured_gemm_tflops_bf16",
+    "gemm_eff_fp8": "measured_gemm_tflops_fp8",
+    "attn_eff_fwd": "measured_attn_tflops_fwd",
+    "attn_eff_bwd": "measured_attn_tflops_bwd",
+}
+
+
 def _derive_efficiencies(origin: str, label: str, entry: Entry) -> None:
     """Fill gemm_eff_* and attn_eff_* from measured figures (these win over a stated efficiency),
     else gemm_eff_bf16 from the sustained clock (:data:`DEFAULT_MAMF_SHARE`)."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from .check import (
     HOST_REFS,
+    MEASURED_FIELDS,
     _check_complete,
     _check_entry,
     _check_host_refs,
@@ -43,6 +44,13 @@ def apply_overrides(
     if _PROVENANCE[section] in raw:
         what = _PROVENANCE[section]
         raise _fail(origin, f"{section}.{entry_key}.{what} cannot be set by an override")
+    for eff, measured in MEASURED_FIELDS.items() if section == "gpus" else ():
+        if eff in raw and measured in entry and measured not in raw:  # it would change nothing
+            raise _fail(
+                origin,
+                f"{section}.{entry_key}.{eff} is set by the entry's {measured} (a measured figure wins); "
+                f"set {measured} instead",
+            )
     fragment = _parse_fragment(origin, section, entry_key, raw)
     merged = _merge(dict(entry), fragment, section)
     _restamp_sources(merged, fragment, section, origin)
