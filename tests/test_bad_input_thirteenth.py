@@ -10,17 +10,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 
-PLAN = """\
-global_batch = 64
-micro_batch = 1
-[[stage]]
-layers = 16
-replicas = [{ gpu = "a100-sxm-80gb", tp = 4 }, { gpu = "h100-sxm-80gb", tp = 2, count = 1000000000 }]
-[[stage]]
-layers = 16
-gpu = "h100-sxm-80gb"
-tp = 4
-"""
+from .test_hplan import PLAN  # the README's plan file: 12 + 20 layers, speed-balanced
 
 
 def _one_line(args: list[str], needle: str) -> str:
@@ -63,10 +53,11 @@ def test_a_plan_file_cannot_put_more_gpus_to_work_than_a_plan_field_allows(tmp_p
     """``count = 1e9`` replicas were evaluated as two billion GPUs; the plan's total now has the
     ``n_gpus`` field's bound."""
     plan = tmp_path / "p.toml"
-    plan.write_text(PLAN)
+    text = PLAN.replace("count = 2 }", "count = 1000000000 }")
+    plan.write_text(text)
     line = _one_line(["evaluate", "--model", "llama2-7b", "--plan", str(plan)], "GPUs to work; at most 1,048,576")
-    assert line.startswith(f"error: {plan}: the plan puts 2,000,000,008 GPUs")
-    assert Path(plan).read_text() == PLAN
+    assert line.startswith(f"error: {plan}: the plan puts 2,000,000,012 GPUs")
+    assert Path(plan).read_text() == text
 
 
 MEGATRON = (
@@ -154,10 +145,8 @@ def test_a_speed_balanced_plan_gives_every_replica_a_micro_batch(tmp_path):
     """``balance = "speed"`` with 71 replicas for 64 micro-batches was priced FEASIBLE (each got one);
     ``equal`` refused it. A whole number written as a float (``tp = 2.0``) is refused, as a study does."""
     plan = tmp_path / "p.toml"
-    text = PLAN.replace("count = 1000000000", "count = 70").replace(
-        "micro_batch = 1\n", 'micro_batch = 1\nbalance = "speed"\n'
-    )
-    plan.write_text(text)
+    assert 'balance = "speed"' in PLAN and "count = 2 }" in PLAN
+    plan.write_text(PLAN.replace("count = 2 }", "count = 70 }"))
     _one_line(["evaluate", "--model", "llama2-7b", "--plan", str(plan)], "64 micro-batches for 71 replicas leave a")
-    plan.write_text(text.replace("count = 70", "count = 2").replace("tp = 4\n", "tp = 4.0\n"))
+    plan.write_text(PLAN.replace("tp = 4\n", "tp = 4.0\n"))
     _one_line(["evaluate", "--model", "llama2-7b", "--plan", str(plan)], "tp must be an integer >= 1; got 4.0")
