@@ -71,7 +71,7 @@ def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = F
 
 def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
     """Context parallelism or an 8-bit-class precision the plan's stack does not have (its
-    profile's ``context_parallel`` and ``fp8`` facts): :func:`hetersim.terms.stackrules.stack_feature_bad`
+    profile's ``context_parallel``, ``fp8`` and ``bf16`` facts): :func:`hetersim.terms.stackrules.stack_feature_bad`
     flags the same in a sweep (``Infeasible.STACK``)."""
     from . import stacks
     from .types import LOW_PRECISION, Stack
@@ -89,10 +89,14 @@ def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
         )
     low = [p.label for p in LOW_PRECISION]
     label = str(getattr(precision, "label", precision)).strip().lower()  # a runs CSV may write FP8
-    if label in low and not prof.fp8:
+    fact = "fp8" if label in low else "bf16" if label == "bf16" else None
+    if fact is not None and not getattr(prof, fact):
+        what = "no 8-bit precision" if fact == "fp8" else "no bf16"
+        has = {"bf16": prof.bf16, **dict.fromkeys(low, prof.fp8)}
+        allowed = [p for p in ("bf16", "fp16", "fp32", *low) if has.get(p, True)]
         raise FieldError(
-            f"{{0}} {name} trains in no 8-bit precision (its profile's fp8 fact, {where}); {{1}} must be "
-            f"bf16, fp16 or fp32, got {label}",
+            f"{{0}} {name} trains in {what} (its profile's {fact} fact, {where}); {{1}} must be "
+            f"{', '.join(allowed[:-1])} or {allowed[-1]}, got {label}",
             "stack",
             "precision",
         )

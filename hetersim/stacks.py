@@ -62,6 +62,7 @@ _SWITCHES = (
     "pipeline_zero1",
     "context_parallel",
     "fp8",
+    "bf16",
 )
 # The pipeline schedules a stack has: an interleaved one (model chunks, vp > 1) besides 1F1B,
 # 1F1B only (pp > 1, vp 1), or no pipeline parallelism at all (pp 1).
@@ -94,6 +95,7 @@ class Profile:
     pipeline_zero1: bool
     context_parallel: bool
     fp8: bool
+    bf16: bool
     sources: dict[str, str]
 
 
@@ -125,6 +127,7 @@ class StackTable:
     pipeline_zero1: np.ndarray  # 1.0 where the pipeline engine runs ZeRO stages 0-1 only
     context_parallel: np.ndarray  # 1.0 where the stack splits a sequence over ranks (cp > 1)
     fp8: np.ndarray  # 1.0 where it trains with 8-bit (or narrower) GEMMs: fp8, mxfp8, nvfp4
+    bf16: np.ndarray  # 1.0 where it trains in bf16
 
 
 def default_path() -> Path:

@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 20
+        assert len(facts) == 21
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -952,6 +952,7 @@ def test_a_stack_without_context_parallelism_or_fp8_refuses_them(tmp_path, catal
     no_cp = [n for n in Stack.names() if not stacks.profile(n).context_parallel]
     assert sorted(no_cp) == ["deepspeed-2020", "llm-foundry", "megatron-legacy"]
     assert sorted(n for n in Stack.names() if not stacks.profile(n).fp8) == ["deepspeed-2020", "megatron-legacy"]
+    assert [n for n in Stack.names() if not stacks.profile(n).bf16] == ["deepspeed-2020"]
     opts = dict(n_gpus=16, tp=1, pp=1, global_batch=64, seq_len=8192, sp=False, zero=1)
 
     def stack_flag(**kw):
@@ -961,12 +962,15 @@ def test_a_stack_without_context_parallelism_or_fp8_refuses_them(tmp_path, catal
     assert not any(stack_flag(stack=name, cp=2) for name in ("megatron", "torchtitan", "maxtext", "fsdp"))
     assert stack_flag(stack="megatron-legacy", precision="fp8") and stack_flag(stack="deepspeed-2020", precision="fp8")
     assert not stack_flag(stack="llm-foundry", precision="fp8") and not stack_flag(stack="megatron", precision="fp8")
-    assert not stack_flag(stack="megatron-legacy", precision="fp16")
+    assert not stack_flag(stack="megatron-legacy", precision="fp16") and not stack_flag(stack="megatron-legacy")
+    assert stack_flag(stack="deepspeed-2020", precision="bf16")
+    assert not stack_flag(stack="deepspeed-2020", precision="fp16")
     args = "evaluate --model llama2-7b --gpu h100-sxm-80gb --gpus 16 --global-batch 64".split()
     for extra, tail in (
         (["--stack", "megatron-legacy", "--cp", "2"], "--cp must be 1, got 2"),
         (["--stack", "llm-foundry", "--cp", "2"], "--cp must be 1, got 2"),
-        (["--stack", "deepspeed-2020", "--precision", "fp8"], "--precision must be bf16, fp16 or fp32, got fp8"),
+        (["--stack", "deepspeed-2020", "--precision", "fp8"], "--precision must be fp16 or fp32, got fp8"),
+        (["--stack", "deepspeed-2020", "--precision", "bf16"], "--precision must be fp16 or fp32, got bf16"),
     ):
         result = CliRunner().invoke(app, [*args, *extra])
         lines = result.output.strip().splitlines()
@@ -981,7 +985,7 @@ def test_a_stack_without_context_parallelism_or_fp8_refuses_them(tmp_path, catal
     result = CliRunner().invoke(app, ["evaluate", "--model", "llama2-7b", "--plan", str(plan)])
     assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: stack megatron-legacy has no context")
     line, runs, row_id = _pipelined_runs_row(tmp_path, stack="deepspeed-2020", precision="fp8")
-    assert line.startswith(f"error: {runs}: row {row_id}: ") and "column precision must be bf16, fp16 or fp32" in line
+    assert line.startswith(f"error: {runs}: row {row_id}: ") and "column precision must be fp16 or fp32" in line
 
 
 def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_lacks(tmp_path):
@@ -1001,7 +1005,7 @@ def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_la
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert result.output.strip() == (
         f"error: {path}: plan.stack deepspeed-2020 trains in no 8-bit precision (its profile's fp8 fact, "
-        "hetersim/catalog/stacks.toml); plan.precision must be bf16, fp16 or fp32, got fp8"
+        "hetersim/catalog/stacks.toml); plan.precision must be fp16 or fp32, got fp8"
     )
     # Context parallelism is no plan search's (the command refuses --cp the same way), whatever the stack.
     path.write_text(study.replace('precision = "bf16"\n', "cp = 2\n"))
