@@ -17,7 +17,7 @@ _KEYS = {"name", "description", "model", "clusters", "top", "plan", "catalog"}
 def read_plan_study(path: Path) -> dict[str, Any]:
     """A plan-search study file, checked (one-line ``ValueError`` naming the file and key)."""
     from hetersim import hplan, planfields
-    from hetersim.planrules import check_stack_features
+    from hetersim.planrules import check_plan_search
     from hetersim.types import FieldError
 
     try:
@@ -58,10 +58,8 @@ def read_plan_study(path: Path) -> dict[str, Any]:
         if k not in planfields.BY_NAME or k in hplan.STRUCTURAL + ("vp", "ep", "etp"):
             raise ValueError(f"{path}: plan.{k} is not a field a plan search takes (the search sets the layout)")
     hplan.check_options(str(path), plan, "plan.")
-    if int(plan.get("cp") or 1) > 1:  # as `hetersim plan --cp`: the candidates have no context-parallel group
-        raise ValueError(f"{path}: plan.cp: the plan search lays out TP, PP and DP; write cp into a plan file")
-    try:  # a precision the stack does not train in, before any search
-        check_stack_features(plan.get("stack"), 1, plan.get("precision"))
+    try:  # before any search, as `hetersim plan`: context parallelism, a precision the stack lacks
+        check_plan_search(plan)
     except FieldError as e:
         raise ValueError(f"{path}: {e.named({k: f'plan.{k}' for k in ('stack', 'cp', 'precision')})}") from None
     if "global_batch" not in plan:

@@ -69,6 +69,15 @@ def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = F
     check_stack_features(plan.get("stack"), int(plan.get("cp") or 1), plan.get("precision"))
 
 
+def check_plan_search(plan: Mapping[str, Any]) -> None:
+    """What a plan search (``hetersim plan``, a plan study) cannot lay out, context parallelism (its
+    candidates have no context-parallel group), or its stack cannot run (:func:`check_stack_features`)."""
+    if int(plan.get("cp") or 1) > 1:
+        what = "the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan"
+        raise FieldError(f"{{0}}: {what}", "cp")
+    check_stack_features(plan.get("stack"), 1, plan.get("precision"))
+
+
 def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
     """Context parallelism or an 8-bit-class precision the plan's stack does not have (its
     profile's ``context_parallel``, ``fp8`` and ``bf16`` facts): :func:`hetersim.terms.stackrules.stack_feature_bad`

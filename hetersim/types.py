@@ -318,6 +318,11 @@ class Infeasible(enum.IntFlag):
         """Human-readable reasons for a flag word."""
         return [REASONS[f] for f in cls if f and (int(value) & int(f))]
 
+    @classmethod
+    def counts(cls, flags) -> dict[str, int]:
+        """How many of the flag words ``flags`` (an integer array) carry each reason, by lower-case name."""
+        return {f.name.lower(): int(((flags & int(f)) != 0).sum()) for f in cls if f}
+
 
 REASONS = {
     Infeasible.GPU_COUNT: "tp*pp*dp*cp does not equal the number of GPUs",

@@ -1011,7 +1011,7 @@ def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_la
     path.write_text(study.replace('precision = "bf16"\n', "cp = 2\n"))
     result = CliRunner().invoke(app, ["plan", "--study", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and result.output.strip() == (
-        f"error: {path}: plan.cp: the plan search lays out TP, PP and DP; write cp into a plan file"
+        f"error: {path}: plan.cp: the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan"
     )
 
 

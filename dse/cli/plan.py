@@ -10,7 +10,7 @@ import typer
 from dse import atomic
 from dse import format as fmt
 from hetersim.catalog import load_catalog
-from hetersim.planrules import check_stack_features
+from hetersim.planrules import check_plan_search
 
 from .app import app, check_seed, status, user_errors
 from .options import PLAN_OPTIONS, cluster_error, fold_switches, given_flags, with_flag, with_options
@@ -80,10 +80,8 @@ def plan(**options: Any) -> None:
     gb, mb = int(rest["global_batch"]), int(rest.get("micro_batch") or 1)
     if gb % mb:  # before the search, by the flags (a plan file's check names its fields)
         raise ValueError(f"--global-batch {gb} is not a multiple of --micro-batch {mb}")
-    if int(rest.get("cp") or 1) > 1:  # the search's candidates have no context-parallel group
-        raise ValueError("--cp: the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan")
-    try:  # a precision the stack does not train in, before any search
-        check_stack_features(rest.get("stack"), 1, rest.get("precision"))
+    try:  # before any search: context parallelism, or a precision the stack does not train in
+        check_plan_search(rest)
     except ValueError as error:
         raise with_flag(error) from None
     label, entry = api._model(catalog, model)

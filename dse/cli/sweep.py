@@ -18,6 +18,7 @@ from rich.table import Table
 from dse import atomic
 from dse import format as fmt
 from hetersim import planfields
+from hetersim.types import decimal_digits
 from hetersim.units import DAY
 
 from . import interrupt
@@ -132,7 +133,7 @@ def parse_chunks(text: str) -> list[int]:
     sizes = []
     for item in text.split(","):
         digits = item.strip().replace("_", "")
-        if not (digits.isascii() and digits.lstrip("+-").isdigit()):  # int() also reads other scripts' digits
+        if not decimal_digits(digits.lstrip("+-")):  # int() also reads other scripts' digits
             raise ValueError(f"--chunks: {item.strip()!r} is not an integer (give sizes like 4096,16384)")
         size = int(digits)
         positive("--chunks", size, hi=MAX_CHUNK)

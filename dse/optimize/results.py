@@ -290,7 +290,7 @@ def summarize(ds: Any) -> dict[str, Any]:
     reasons = {f"constraint {k}": int(np.count_nonzero(~(v <= 0))) for k, v in cons.items() if k != "layout"}
     no_layout = ~(cons["layout"] <= 0) if "layout" in cons else np.ones(int(bad.sum()), bool)
     flags = ds.infeasible.values.astype(np.int64)[bad][no_layout]
-    reasons |= {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
+    reasons |= Infeasible.counts(flags)
     return {
         "study": ds.attrs["study_name"],
         "objectives": objectives,

@@ -55,7 +55,7 @@ def summarize(path: str | Path) -> dict[str, Any]:
         if streamed:
             reasons = json.loads(ds.attrs["infeasible_reasons"])
         else:
-            reasons = {f.name.lower(): int(np.count_nonzero(flags & int(f))) for f in Infeasible if f}
+            reasons = Infeasible.counts(flags)
         best: dict[str, Any] = {}
         for name in ds.attrs["objectives"].split():
             values = ds[name].values.astype(np.float64)

@@ -389,9 +389,9 @@ def _expert_fields(get: _Reader, model_type: str) -> Entry:
     config = get.config
     experts = _expert_count(get, model_type)
     if experts <= 1:  # dense; one expert routes a token to at most that one
-        top = next(((k, config[k]) for k in _TOP_K_KEYS if k in config), None)
-        if experts == 1 and top is not None and _is_number(top[1]) and top[1] > 1:
-            raise get.fail(f"{top[0]} = {top[1]} must be at most {get.keys['n_experts']} = 1")
+        top = get(*_TOP_K_KEYS, default=0, to="top_k") if experts == 1 else 0
+        if _is_number(top) and top > 1:
+            raise get.fail(f"{get.keys['top_k']} = {top} must be at most {get.keys['n_experts']} = 1")
         return {}
     out: Entry = {"n_experts": experts, "top_k": _agreed(get, "top_k", _TOP_K_KEYS, "the experts per token")}
     ffn_key = "intermediate_size" if model_type in ("mixtral", "gpt_oss", "llama4_text") else "moe_intermediate_size"

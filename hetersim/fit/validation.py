@@ -21,6 +21,7 @@ from .. import build, planfields
 from ..simulate import simulate
 from ..specs import Calibration, ModelSpec
 from ..specs.plan import host_plan
+from ..types import decimal_digits
 from .runs import (
     Row,
     candidates,
@@ -279,7 +280,7 @@ def _check_memory_row(where: str, rec: Mapping[str, str]) -> None:
     if not 0 < value <= MAX_MEMORY_GIB:  # NaN fails too
         raise ValueError(f"{where}: column value must be a number of GiB > 0 and <= {MAX_MEMORY_GIB:g}; got {raw!r}")
     mb = (rec.get("micro_batch") or "").strip()
-    if not (mb.isascii() and mb.isdigit() and 0 < int(mb) <= planfields.BY_NAME["micro_batch"].hi):
+    if not (decimal_digits(mb) and 0 < int(mb) <= planfields.BY_NAME["micro_batch"].hi):
         raise ValueError(f"{where}: column micro_batch must be {planfields.rule('micro_batch')}; got {mb!r}")
     recompute = (rec.get("recompute") or "").strip()
     modes = planfields.BY_NAME["recompute"].names
