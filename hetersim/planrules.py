@@ -75,7 +75,10 @@ def check_plan_search(plan: Mapping[str, Any]) -> None:
     if int(plan.get("cp") or 1) > 1:
         what = "the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan"
         raise FieldError(f"{{0}}: {what}", "cp")
-    check_stack_features(plan.get("stack"), 1, plan.get("precision"))
+    from .planfields import DEFAULTS
+
+    # A plan that names no precision trains in the default one (bf16), as evaluate resolves it.
+    check_stack_features(plan.get("stack"), 1, plan.get("precision") or DEFAULTS["precision"])
 
 
 def check_stack_features(stack: Any, cp: int, precision: Any) -> None:

@@ -997,6 +997,9 @@ def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_la
         assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
         assert result.output.startswith("error: --stack megatron-legacy trains in no 8-bit precision")
         assert result.output.strip().endswith("--precision must be bf16, fp16 or fp32, got fp8")
+    # No --precision is the default bf16, which DeepSpeed 0.3 lacks: refused as evaluate refuses it.
+    result = CliRunner().invoke(app, [*plan[:5], "--stack", "deepspeed-2020", "--cluster", "h100-sxm-80gb:8"])
+    assert result.exit_code == 2 and result.output.strip().endswith("--precision must be fp16 or fp32, got bf16")
     study = (Path(__file__).parents[1] / "studies/plans/a100_h100_equal_budget.toml").read_text()
     assert 'precision = "bf16"\n' in study
     path = tmp_path / "study.toml"
