@@ -82,7 +82,7 @@ def check_plan_search(plan: Mapping[str, Any]) -> None:
 
 
 def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
-    """Context parallelism or an 8-bit-class precision the plan's stack does not have (its
+    """Context parallelism, an 8-bit-class precision or bf16 that the plan's stack does not have (its
     profile's ``context_parallel``, ``fp8`` and ``bf16`` facts): :func:`hetersim.terms.stackrules.stack_feature_bad`
     flags the same in a sweep (``Infeasible.STACK``)."""
     from . import stacks

@@ -407,7 +407,7 @@ def _format_switch(m: dict[str, Any], key: str, origin: str) -> bool:
     value = m.get(key)
     if value is None or value is False:
         return False
-    fp8_name = key != "fp8" or not isinstance(value, str) or value.strip().lower() in ("e4m3", "hybrid")
+    fp8_name = key != "fp8" or not isinstance(value, str) or value.strip().lower() in FP8_FORMATS
     if value is True or (isinstance(value, str) and value.strip().lower() not in _YES_NO and fp8_name):
         return True
     raise _fail(
@@ -416,6 +416,7 @@ def _format_switch(m: dict[str, Any], key: str, origin: str) -> bool:
 
 
 _YES_NO = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1", "none", "null", ""})
+FP8_FORMATS = ("e4m3", "hybrid")  # --fp8-format's choices (arguments.py @ c550cf6c41 l.1179), TransformerConfig.fp8
 
 
 # --------------------------------------------------------------------------------------------
@@ -576,7 +577,7 @@ def _megatron_precision(args: dict[str, str | None], origin: str) -> dict[str, s
     if "--bf16" in args and "--fp16" in args:  # megatron/training/arguments.py: assert not args.bf16
         raise _fail(origin, "--fp16 --bf16", "both given; Megatron-LM takes one of them")
     if "--fp8-format" in args:  # argparse choices, megatron/training/arguments.py @ c550cf6c41 l.1179-1187
-        if args["--fp8-format"] not in ("e4m3", "hybrid"):
+        if args["--fp8-format"] not in FP8_FORMATS:
             raise _fail(origin, "--fp8-format", f"must be e4m3 or hybrid; got {args['--fp8-format']!r}")
         recipe = args.get("--fp8-recipe", "delayed")
         if recipe not in ("tensorwise", "delayed", "mxfp8", "blockwise"):
