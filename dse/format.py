@@ -257,6 +257,14 @@ def _send_overlap(st: Mapping[str, Any]) -> str:
     return f"pipeline-send overlap {'on' if st['p2p_overlap'] else 'off'}{_sends(st)}, "
 
 
+def _moe(st: Mapping[str, Any]) -> str:
+    """How the stack runs mixture-of-experts layers: not at all, or its expert GEMMs and whether it
+    shards the experts over ranks."""
+    if st["experts"] == "none":
+        return "no mixture-of-experts layer"
+    return f"MoE expert GEMMs {_EXPERTS[st['experts']]}{'' if st['expert_parallel'] else ', no expert parallelism'}"
+
+
 def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
     on = lambda v: "on" if v else "off"  # noqa: E731
     con.print(
@@ -269,7 +277,7 @@ def _print_stack(con: Console, st: Mapping[str, Any]) -> None:
         f", ZeRO 1-2 weights gathered {'in the next forward' if st['param_gather_overlap'] else 'after the step'}"
         f"{', sharded data parallelism per FSDP unit' if st['fsdp_units'] else ''}, "
         f"selective recomputation {'op-level' if st['op_level_sac'] else 'attention core'}, "
-        f"MoE expert GEMMs {_EXPERTS[st['experts']]}; "
+        f"{_moe(st)}; "
         "sources: hetersim/catalog/stacks.toml",
         highlight=False,
         markup=True,

@@ -74,11 +74,17 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
     """Search every cluster of the study; write the report into ``out_dir``."""
     from hetersim import api, hplan, hsearch
     from hetersim.catalog import load_catalog
+    from hetersim.planrules import check_plan_search
+    from hetersim.types import FieldError
 
     study = read_plan_study(path)
     catalog = load_catalog([*catalog_files, *study.get("catalog", [])])
     label, entry = api._model(catalog, study["model"])
     opts = dict(study["plan"])
+    try:  # the model's experts on the study's stack, before any search (the rest read_plan_study checked)
+        check_plan_search(opts, entry)
+    except FieldError as e:
+        raise ValueError(f"{path}: {e.named({k: f'plan.{k}' for k in ('stack', 'ep')})}") from None
     seq = int(opts.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     atomic.check_folder(out_dir, "--out")
     counts_of, mixes = {c: hplan.parse_cluster_counts(c) for c in study["clusters"]}, {}

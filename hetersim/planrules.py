@@ -69,9 +69,10 @@ def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = F
     check_stack_features(plan.get("stack"), int(plan.get("cp") or 1), plan.get("precision"))
 
 
-def check_plan_search(plan: Mapping[str, Any]) -> None:
+def check_plan_search(plan: Mapping[str, Any], model: Mapping[str, Any] | None = None) -> None:
     """What a plan search (``hetersim plan``, a plan study) cannot lay out, context parallelism (its
-    candidates have no context-parallel group), or its stack cannot run (:func:`check_stack_features`)."""
+    candidates have no context-parallel group), or its stack cannot run (:func:`check_stack_features`;
+    with the ``model``'s catalog entry, :func:`check_stack_experts`)."""
     if int(plan.get("cp") or 1) > 1:
         what = "the plan search lays out TP, PP and DP; write cp into a plan file for evaluate --plan"
         raise FieldError(f"{{0}}: {what}", "cp")
@@ -79,6 +80,8 @@ def check_plan_search(plan: Mapping[str, Any]) -> None:
 
     # A plan that names no precision trains in the default one (bf16), as evaluate resolves it.
     check_stack_features(plan.get("stack"), 1, plan.get("precision") or DEFAULTS["precision"])
+    if model is not None:
+        check_stack_experts(plan.get("stack"), int(model.get("n_experts") or 0), int(plan.get("ep") or 1))
 
 
 def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
@@ -114,12 +117,40 @@ def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
         )
 
 
+def check_stack_experts(stack: Any, experts: int, ep: int) -> None:
+    """A model with experts on a stack that has no mixture-of-experts layer (its profile's ``experts``
+    fact is ``none``), or ``ep`` > 1 on one without expert parallelism (``expert_parallel``):
+    :func:`hetersim.terms.stackrules.stack_feature_bad` flags the same in a sweep (``Infeasible.STACK``)."""
+    from . import stacks
+    from .types import Stack
+
+    name = str(stack or Stack.MEGATRON.label)
+    if name not in Stack.names():
+        return  # an unknown stack is named by the field's own check
+    prof, where = stacks.profile(name), "hetersim/catalog/stacks.toml"
+    if experts > 1 and prof.experts == "none":
+        raise FieldError(
+            f"{{0}} {name} has no mixture-of-experts layer (its profile's experts fact, {where}); the model has "
+            f"{experts} experts: pick a stack that has them",
+            "stack",
+        )
+    if ep > 1 and not prof.expert_parallel:
+        raise FieldError(
+            f"{{0}} {name} has no expert parallelism (its profile's expert_parallel fact, {where}); {{1}} must be 1, "
+            f"got {ep}",
+            "stack",
+            "ep",
+        )
+
+
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
     """A :class:`FieldError` for an expert-parallel layout Megatron-Core refuses
-    (:func:`hetersim.simulate.expert_layout_bad` flags the same in a sweep)."""
+    (:func:`hetersim.simulate.expert_layout_bad` flags the same in a sweep), or one the plan's stack
+    cannot run (:func:`check_stack_experts`)."""
     ep, etp = int(resolved.get("ep") or 1), int(resolved.get("etp") or 1)
     tp, cp, dp = (int(resolved.get(k) or 1) for k in ("tp", "cp", "dp"))
     experts = int(model.get("n_experts", 0) or 0)
+    check_stack_experts(resolved.get("stack"), experts, ep)
     if experts <= 1:
         if ep > 1 or etp > 1:
             raise FieldError(f"{{0}} {ep} and {{1}} {etp}: the model has no experts (use 1)", "ep", "etp")

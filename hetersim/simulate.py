@@ -134,7 +134,7 @@ def layout_flags(model: ModelSpec, system: SystemSpec, plan: Plan, n_micro) -> A
     f |= _flag(~compute.kernel_supported(dev, plan), Infeasible.KERNEL)
     f |= _flag(expert_layout_bad(model, plan), Infeasible.EXPERTS)
     f |= _flag((plan.shard_group > 0) & not_multiple(memory.dp_ranks(plan), plan.shard_group), Infeasible.SHARD_GROUP)
-    f |= _flag(stackrules.stack_feature_bad(plan), Infeasible.STACK)
+    f |= _flag(stackrules.stack_feature_bad(model, plan), Infeasible.STACK)
     return f
 
 

@@ -42,9 +42,9 @@ __all__ = [
 # and attention mask its own PyTorch op).
 ELEMENTWISE = ("fused", "eager", "compiled", "unfused")
 # How a stack runs the routed experts' GEMMs: one cuBLAS GEMM per local expert on Transformer
-# Engine's compute streams, one grouped kernel per matrix over every local expert, or one GEMM per
-# expert from a Python loop on one stream.
-EXPERTS = ("streams", "grouped", "loop")
+# Engine's compute streams, one grouped kernel per matrix over every local expert, one GEMM per
+# expert from a Python loop on one stream, or not at all (a stack with no mixture-of-experts layer).
+EXPERTS = ("streams", "grouped", "loop", "none")
 # The true/false facts, each a field of Profile and a 0/1 array of StackTable.
 _SWITCHES = (
     "tp_comm_overlap",
@@ -63,6 +63,7 @@ _SWITCHES = (
     "context_parallel",
     "fp8",
     "bf16",
+    "expert_parallel",
 )
 # The pipeline schedules a stack has: an interleaved one (model chunks, vp > 1) besides 1F1B,
 # 1F1B only (pp > 1, vp 1), or no pipeline parallelism at all (pp 1).
@@ -96,6 +97,7 @@ class Profile:
     context_parallel: bool
     fp8: bool
     bf16: bool
+    expert_parallel: bool
     sources: dict[str, str]
 
 
@@ -110,6 +112,7 @@ class StackTable:
     unfused: np.ndarray  # 1.0 where Megatron's bias, dropout and softmax fusions are off
     grouped_experts: np.ndarray  # 1.0 where the routed experts' GEMMs run as one grouped kernel per matrix
     expert_loop: np.ndarray  # 1.0 where they run one GEMM per expert from a loop on one stream
+    no_experts: np.ndarray  # 1.0 where the stack has no mixture-of-experts layer
     no_pipeline: np.ndarray  # 1.0 where the stack has no pipeline parallelism (pp must be 1)
     no_interleaving: np.ndarray  # 1.0 where it has no interleaved schedule (vp must be 1)
     tp_comm_overlap: np.ndarray  # 1.0 where forward TP collectives overlap GEMMs
@@ -128,6 +131,7 @@ class StackTable:
     context_parallel: np.ndarray  # 1.0 where the stack splits a sequence over ranks (cp > 1)
     fp8: np.ndarray  # 1.0 where it trains with 8-bit (or narrower) GEMMs: fp8, mxfp8, nvfp4
     bf16: np.ndarray  # 1.0 where it trains in bf16
+    expert_parallel: np.ndarray  # 1.0 where it shards the routed experts over ranks (ep > 1)
 
 
 def default_path() -> Path:
@@ -231,6 +235,7 @@ def table() -> StackTable:
         unfused=np.array([float(p.elementwise == "unfused") for p in rows], np.float32),
         grouped_experts=np.array([float(p.experts == "grouped") for p in rows], np.float32),
         expert_loop=np.array([float(p.experts == "loop") for p in rows], np.float32),
+        no_experts=np.array([float(p.experts == "none") for p in rows], np.float32),
         no_pipeline=np.array([float(p.pipeline == "none") for p in rows], np.float32),
         no_interleaving=np.array([float(p.pipeline != "interleaved") for p in rows], np.float32),
         **{k: np.array([float(getattr(p, k)) for p in rows], np.float32) for k in _SWITCHES},

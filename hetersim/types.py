@@ -311,7 +311,7 @@ class Infeasible(enum.IntFlag):
     EXPERTS = 4096  # an expert-parallel layout that cannot be placed (see REASONS)
     NO_PROGRESS = 8192  # failures, restarts and checkpoints take all the wall time (goodput 0)
     SHARD_GROUP = 16384  # a hybrid-sharding group that does not divide the data-parallel ranks
-    STACK = 32768  # the plan's stack has no context parallelism (cp > 1), FP8-class training or bf16
+    STACK = 32768  # the plan's stack lacks what it asks: cp > 1, FP8-class, bf16, experts, ep > 1
 
     @classmethod
     def describe(cls, value: int) -> list[str]:
@@ -346,5 +346,6 @@ REASONS = {
     Infeasible.NO_PROGRESS: "failures, restarts and checkpoints leave no time for training (goodput 0)",
     Infeasible.SHARD_GROUP: "shard_group must divide the data-parallel ranks dp*cp (hybrid sharding)",
     Infeasible.STACK: "the stack cannot run the plan: it has no context parallelism (cp>1), no FP8-class training "
-    "(fp8, mxfp8, nvfp4) or no bf16 (catalog/stacks.toml context_parallel, fp8, bf16)",
+    "(fp8, mxfp8, nvfp4), no bf16, no mixture-of-experts layer or no expert parallelism (ep>1) "
+    "(catalog/stacks.toml context_parallel, fp8, bf16, experts, expert_parallel)",
 }

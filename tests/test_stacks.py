@@ -35,7 +35,7 @@ def test_every_stack_has_a_complete_cited_profile():
         prof = stacks.profile(name)
         assert prof.key == name
         facts = [f.name for f in dataclasses.fields(stacks.Profile) if f.name not in ("key", "name", "sources")]
-        assert len(facts) == 21
+        assert len(facts) == 22
         for fact in facts:
             assert len(prof.sources[fact]) > 20, (name, fact)
 
@@ -986,6 +986,72 @@ def test_a_stack_without_context_parallelism_or_fp8_refuses_them(tmp_path, catal
     assert result.exit_code == 2 and result.output.startswith(f"error: {plan}: stack megatron-legacy has no context")
     line, runs, row_id = _pipelined_runs_row(tmp_path, stack="deepspeed-2020", precision="fp8")
     assert line.startswith(f"error: {runs}: row {row_id}: ") and "column precision must be fp16 or fp32" in line
+
+
+def test_a_stack_without_experts_or_expert_parallelism_refuses_them(tmp_path, catalog, cal):
+    """DeepSpeed 0.3 has no mixture-of-experts layer (DeepSpeed-MoE came with 0.5.0) and Megatron-LM of
+    2020-22 no expert parallelism (the ``experts = "none"`` and ``expert_parallel`` facts): a sweep's
+    point that asks for them is flagged STACK, and ``evaluate``, a runs row, ``plan`` and a plan study
+    refuse them naming the field; the stacks that have them price the same plan."""
+    import csv
+    import io
+
+    from hetersim.types import Infeasible
+
+    assert [n for n in Stack.names() if stacks.profile(n).experts == "none"] == ["deepspeed-2020"]
+    no_ep = sorted(n for n in Stack.names() if not stacks.profile(n).expert_parallel)
+    assert no_ep == ["deepspeed-2020", "megatron-legacy"]
+    opts = dict(n_gpus=64, tp=1, pp=1, global_batch=256, seq_len=4096, zero=1)
+
+    def flags(model, **kw):
+        return int(sim(*make(catalog, model, **opts, **kw), cal).infeasible)
+
+    for name in no_ep:  # fp16, which both train in: only the experts are flagged
+        assert flags("mixtral-8x7b", stack=name, ep=8, precision="fp16") & int(Infeasible.STACK)
+    assert not flags("mixtral-8x7b", stack="megatron-legacy", ep=1, precision="fp16") & int(Infeasible.STACK)
+    assert flags("mixtral-8x7b", stack="deepspeed-2020", ep=1, precision="fp16") & int(Infeasible.STACK)
+    assert not flags("llama2-7b", stack="deepspeed-2020", precision="fp16") & int(Infeasible.STACK)
+    for name in ("megatron", "torchtitan", "deepspeed", "fsdp", "llm-foundry", "maxtext"):
+        assert flags("mixtral-8x7b", stack=name, ep=8) == 0, name
+    args = "evaluate --model mixtral-8x7b --gpu h100-sxm-80gb --gpus 64 --global-batch 256 --precision fp16".split()
+    for extra, tail in (
+        (["--stack", "megatron-legacy", "--ep", "8"], "no expert parallelism (its profile's expert_parallel fact, "
+         "hetersim/catalog/stacks.toml); --ep must be 1, got 8"),
+        (["--stack", "deepspeed-2020"], "no mixture-of-experts layer (its profile's experts fact, "
+         "hetersim/catalog/stacks.toml); the model has 8 experts: pick a stack that has them"),
+    ):  # fmt: skip
+        result = CliRunner().invoke(app, [*args, *extra])
+        assert result.exit_code == 2 and result.output == f"error: --stack {extra[1]} has {tail}\n", result.output
+    assert CliRunner().invoke(app, [*args, "--stack", "deepspeed", "--ep", "8"]).exit_code == 0
+    # A runs row that names the stack.
+    rows = list(csv.DictReader(io.StringIO((Path(__file__).parents[1] / "hetersim/data/moe_runs.csv").read_text())))
+    row = next(r for r in rows if r["model"] == "Mixtral-8x7B" and int(r["ep"]) > 1)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, [*rows[0].keys(), "stack"])
+    writer.writeheader()
+    writer.writerow({**row, "stack": "megatron-legacy", "precision": "fp16"})
+    runs = tmp_path / "runs.csv"
+    runs.write_text(out.getvalue())
+    result = CliRunner().invoke(app, ["validate", "--runs", str(runs)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: {runs}: row {row['id']}: ")
+    assert "megatron-legacy has no expert parallelism" in result.output and "column ep must be 1" in result.output
+    # The plan search, before it searches: the command and a plan study.
+    plan = "plan --model mixtral-8x7b --global-batch 64 --precision fp16 --stack deepspeed-2020".split()
+    result = CliRunner().invoke(app, [*plan, "--cluster", "h100-sxm-80gb:8,h200-sxm-141gb:8"])
+    assert result.exit_code == 2 and result.output.startswith("error: --stack deepspeed-2020 has no mixture-of-experts")
+    assert result.output.count("\n") == 1
+    study = (Path(__file__).parents[1] / "studies/plans/a100_h100_equal_budget.toml").read_text()
+    path = tmp_path / "study.toml"
+    assert 'model = "llama2-13b"\n' in study
+    path.write_text(
+        study.replace('precision = "bf16"\n', 'precision = "fp16"\nstack = "deepspeed-2020"\n').replace(
+            'model = "llama2-13b"', 'model = "mixtral-8x7b"'
+        )
+    )
+    result = CliRunner().invoke(app, ["plan", "--study", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.output.startswith(f"error: {path}: plan.stack deepspeed-2020 has no mixture-of-experts")
 
 
 def test_the_plan_search_refuses_a_precision_or_context_parallelism_its_stack_lacks(tmp_path):

@@ -80,11 +80,11 @@ def plan(**options: Any) -> None:
     gb, mb = int(rest["global_batch"]), int(rest.get("micro_batch") or 1)
     if gb % mb:  # before the search, by the flags (a plan file's check names its fields)
         raise ValueError(f"--global-batch {gb} is not a multiple of --micro-batch {mb}")
-    try:  # before any search: context parallelism, or a precision the stack does not train in
-        check_plan_search(rest)
+    label, entry = api._model(catalog, model)
+    try:  # before any search: context parallelism, a precision or experts the stack does not have
+        check_plan_search(rest, entry)
     except ValueError as error:
         raise with_flag(error) from None
-    label, entry = api._model(catalog, model)
     if budget is not None:
         _budget(catalog, label, entry, (budget, kinds, trials, seed), rest, top, out, as_json)
         return

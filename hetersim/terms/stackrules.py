@@ -1,23 +1,26 @@
 """What a plan's software stack cannot run, as flags of a sweep's points (the traced view of
 :func:`hetersim.planrules.check_stack_schedule` and :func:`~hetersim.planrules.check_stack_features`,
 which refuse the same where a plan is given): the profile's ``pipeline``, ``pipeline_zero1``,
-``context_parallel``, ``fp8`` and ``bf16`` facts (``catalog/stacks.toml``)."""
+``context_parallel``, ``fp8``, ``bf16``, ``experts`` and ``expert_parallel`` facts (``catalog/stacks.toml``)."""
 
 from __future__ import annotations
 
 from .. import stacks
-from ..specs import Plan
+from ..specs import ModelSpec, Plan
 from ..types import Precision
 from .compute import low_precision, stack_fact
 
 
-def stack_feature_bad(plan: Plan):
+def stack_feature_bad(model: ModelSpec, plan: Plan):
     """The plan uses what its stack does not have: context parallelism (the stack fact
-    ``context_parallel``), 8-bit-class GEMMs (``fp8``) or bf16 (``bf16``)."""
+    ``context_parallel``), 8-bit-class GEMMs (``fp8``), bf16 (``bf16``), mixture-of-experts layers
+    (``experts = "none"``) or expert parallelism (``expert_parallel``)."""
     table = stacks.table()
     no_cp = (plan.cp > 1) & (stack_fact(table.context_parallel, plan) <= 0)
     no_bf16 = (plan.precision_code == int(Precision.BF16)) & (stack_fact(table.bf16, plan) <= 0)
-    return no_cp | no_bf16 | (low_precision(plan) & (stack_fact(table.fp8, plan) <= 0))
+    no_moe = (model.moe_layers > 0) & (stack_fact(table.no_experts, plan) > 0)
+    no_ep = (plan.ep > 1) & (stack_fact(table.expert_parallel, plan) <= 0)
+    return no_cp | no_bf16 | no_moe | no_ep | (low_precision(plan) & (stack_fact(table.fp8, plan) <= 0))
 
 
 def stack_schedule_bad(plan: Plan):
