@@ -330,3 +330,21 @@ def test_context_parallelism_in_a_heterogeneous_plan_runs_and_a_mix_of_one_kind_
         for cp in ("1", "2")
     }
     assert act["2"] == pytest.approx(act["1"] / 2, rel=1e-3)
+
+
+def test_a_recipes_value_is_named_as_the_recipes_not_by_a_flag_not_given(tmp):
+    """Left by the thirteenth fuzz: a value the recipe gave was named by the flag it maps to
+    (``--cp must be 1``), a flag the user never gave; it is named as the file's now, and a flag that
+    was given (which wins over the file) keeps its own name."""
+    path = tmp / "nemo.yaml"
+    path.write_text(NEMO % (4, "  context_parallel_size: 2\n"))
+    base = ["evaluate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--recipe", str(path)]
+    result = CliRunner().invoke(app, [*base, "--stack", "megatron-legacy"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("error: --stack megatron-legacy has no context parallelism")
+    assert result.output.rstrip().endswith(f"; cp (from --recipe {path}) must be 1, got 2")
+    result = CliRunner().invoke(app, [*base, "--stack", "megatron-legacy", "--cp", "4"])
+    assert result.exit_code == 2 and result.output.rstrip().endswith("; --cp must be 1, got 4")
+    result = CliRunner().invoke(app, [*base, "--tp", "3"])  # the recipe's 8 GPUs, the command line's TP
+    assert result.exit_code == 2
+    assert result.output == f"error: n_gpus (from --recipe {path}) 8 is not divisible by tp*pp*cp = 6\n"

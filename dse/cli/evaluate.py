@@ -57,6 +57,7 @@ def configuration(
     from hetersim import api
 
     rest = fold_switches(rest)
+    recipe = rest.pop("recipe_fields", None)  # (file, fields it set): an error names them as the file's
     plan_file = rest.get("plan_file")
     if plan_file is not None:  # a flag left at its default must not stand for the plan file's value
         rest = {k: None if _untouched(k, v) else v for k, v in rest.items()}
@@ -101,7 +102,7 @@ def configuration(
             **rest,
         )
     except ValueError as error:
-        raise with_flag(error) from None
+        raise with_flag(error, recipe) from None
     if system is not None:  # a note once the inputs are checked: an error stays the one line
         status(f"{system}: Calculon keys the model does not use (its own apply): {', '.join(UNUSED)}")
     return built

@@ -50,16 +50,21 @@ def cluster_error(cluster: str, error: ValueError) -> ValueError:
     return ValueError(f"--cluster {cluster}: {str(error).removeprefix('cluster: ')}")
 
 
-def with_flag(error: ValueError) -> ValueError:
+def with_flag(error: ValueError, recipe: tuple[Any, tuple[str, ...]] | None = None) -> ValueError:
     """Rename the fields of a message to the CLI flags that set them: every field of a
     :class:`hetersim.types.FieldError`, else a field at the start of the message and the tier
-    fields (``cxl_pool``, ...) wherever they stand."""
+    fields (``cxl_pool``, ...) wherever they stand. A field whose value came from ``--recipe FILE``
+    (``recipe``: the file and those fields, :func:`apply_recipe`) is named as the file's, not by a
+    flag the command line did not give."""
+    flags = dict(FIELD_FLAGS)
+    if recipe is not None:
+        flags.update({field: f"{field} (from --recipe {recipe[0]})" for field in recipe[1]})
     if isinstance(error, FieldError):
-        return ValueError(error.named(FIELD_FLAGS))
+        return ValueError(error.named(flags))
     text = _TIER_FIELD.sub(lambda m: TIER_FLAGS[m[1]], str(error))
-    for name in sorted(FIELD_FLAGS, key=len, reverse=True):
+    for name in sorted(flags, key=len, reverse=True):
         if text.startswith(name + " ") or text.startswith(name + ":"):
-            return ValueError(FIELD_FLAGS[name] + text[len(name) :])
+            return ValueError(flags[name] + text[len(name) :])
     return ValueError(text)
 
 
@@ -150,9 +155,12 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
     # The catalog's optional model fields (experts, MLA ranks, ...) have no flags: they ride along.
     extra = {k: v for k, v in model.items() if k not in MODEL_OPTIONS and k != "tied_embeddings"}
     options["model_extra"] = extra
+    taken = []
     for name, value in {**plan, **model}.items():
         if name not in extra and not given(name):
             options[name] = value
+            taken.append("n_gpus" if name == "gpus" else name)
+    options["recipe_fields"] = (path, tuple(taken))
     if "accumulation" in recipe:
         _deepspeed_batch(options, recipe["plan"], recipe["accumulation"], path)
     return options
