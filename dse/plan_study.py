@@ -84,7 +84,7 @@ def run_plan_study(path: Path, out_dir: Path, catalog_files=()) -> Path:
     try:  # the model's experts on the study's stack, before any search (the rest read_plan_study checked)
         check_plan_search(opts, entry)
     except FieldError as e:
-        raise ValueError(f"{path}: {e.named({k: f'plan.{k}' for k in ('stack', 'ep')})}") from None
+        raise ValueError(f"{path}: {e.named({k: f'plan.{k}' for k in e.fields})}") from None
     seq = int(opts.get("seq_len") or entry.get("seq_len", api.DEFAULT_SEQ_LEN))
     atomic.check_folder(out_dir, "--out")
     counts_of, mixes = {c: hplan.parse_cluster_counts(c) for c in study["clusters"]}, {}

@@ -164,7 +164,7 @@ def configure(
         raise FieldError(
             "{0} options apply to one device kind; describe a mix's tiers with {1} files", "cxl", "catalog"
         )
-    _check_mix(plan, cluster, overrides)
+    _check_mix(plan, cluster, overrides, model_entry)
     if cluster is not None and (layers_per_stage or _straddles(cluster, plan, hetero)):
         return _shorthand(cat, model_label, model_entry, cluster, hetero, layers_per_stage, plan, cal)
     gpu_label, gpu_entry, groups = _hardware(cat, gpu, cluster, plan.get("n_gpus"), overrides)
@@ -332,9 +332,9 @@ def configure_plan(cat, model_label, model_entry, hp, cluster, given, cal, origi
     return Configuration(model_label, label, resolved, (m, hs, plan_s, cal), out.total, rows, out, itv)
 
 
-def _check_mix(plan: Mapping[str, Any], cluster: str | None, overrides) -> None:
-    """A ``--cluster`` mix's stages are the user's flags: a pipeline the stack lacks is refused, and
-    ``--set``, which edits one device kind (whichever engine prices the mix)."""
+def _check_mix(plan: Mapping[str, Any], cluster: str | None, overrides, model: Mapping[str, Any]) -> None:
+    """A ``--cluster`` mix's stages are the user's flags: a pipeline or experts the stack lacks are
+    refused, and ``--set``, which edits one device kind (whichever engine prices the mix)."""
     if cluster is None:
         return
     if overrides:
@@ -342,7 +342,7 @@ def _check_mix(plan: Mapping[str, Any], cluster: str | None, overrides) -> None:
             "{0} applies to one device kind, not the kinds of {1}; describe mixed hardware with {2} files",
             "set", "cluster", "catalog",
         )  # fmt: skip
-    check_stack_plan(plan, int(plan.get("pp") or 1), int(plan.get("vp") or 1))
+    check_stack_plan(plan, int(plan.get("pp") or 1), int(plan.get("vp") or 1), model=model)
 
 
 def _raise(error: Exception) -> None:

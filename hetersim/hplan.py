@@ -291,14 +291,15 @@ def parse_plan(data: Mapping[str, Any], origin: str = "plan") -> HeteroPlan:
 
 
 def check_options(origin: str, options: Mapping[str, Any], prefix: str = "") -> None:
-    """Each plan field's value in its range, named where it is (``prefix``: the table it sits in)."""
-    from . import planfields
+    """Each plan field's value in its range, named where it is (``prefix``: the table it sits in),
+    written as a file writes it (:func:`hetersim.planrules.file_value`)."""
+    from . import planfields, planrules
 
     for key, value in options.items():
         if value == planfields.AUTO and planfields.BY_NAME[key].default == planfields.AUTO:
             continue  # derived by the field's rule (sp: on when tp > 1)
         try:
-            planfields.leaf_value(planfields.BY_NAME[key], value)
+            planrules.file_value(planfields.BY_NAME[key], value)
         except ValueError as e:
             raise ValueError(f"{origin}: {prefix}{e}") from None
 
@@ -496,10 +497,10 @@ def _stage_layers(given, pp, n_layers, n_groups, by_group):
         raise ValueError("layers_per_stage: every entry must be a non-negative integer")
     if len(given) == pp:
         split = given
-    elif by_group is not None and len(given) == n_groups:
-        split = [given[g] for g in by_group]
+    elif by_group is not None and len(given) == n_groups and set(by_group) == set(range(n_groups)):
+        split = [given[g] for g in by_group]  # each group starts a stage of its own (none straddled away)
     else:
-        per = f" or one per cluster group ({n_groups})" if by_group is not None else ""
+        per = f" or one per cluster group ({n_groups}), each with stages of its own" if by_group is not None else ""
         raise ValueError(f"layers_per_stage has {len(given)} entries; give one per pipeline stage ({pp}){per}")
     if n_layers is not None and sum(split) != n_layers:
         raise ValueError(f"layers_per_stage gives the stages {sum(split)} layers; the model has {n_layers}")

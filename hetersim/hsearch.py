@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,11 +61,12 @@ def candidates(
     options: Mapping[str, Any],
     max_stages: int = MAX_STAGES,
 ) -> list[HeteroPlan]:
-    """Every candidate plan of a mix ``[(kind, GPUs, GPUs per node), ...]`` (see the module)."""
+    """Every candidate plan of a mix ``[(kind, GPUs, GPUs per node), ...]`` (see the module); one
+    stage each where the options' stack has no pipeline (or its pipeline engine not their ZeRO stage)."""
     layers = int(model.get("layers", 0) or 0) + int(model.get("mtp_layers", 0) or 0)
     heads = int(model.get("heads", 1) or 1)
     kv = int(model.get("kv_heads", 0) or heads)
-    max_stages = min(max_stages, layers)
+    max_stages = min(max_stages, layers, _stack_stages(options))
     out: list[HeteroPlan] = []
     seen: set[Any] = set()
 
@@ -119,6 +121,19 @@ def candidates(
                 except ValueError:
                     continue  # a tensor-parallel group across two kinds
     return out
+
+
+def _stack_stages(options: Mapping[str, Any]) -> int | float:
+    """1 where the options' stack cannot pipeline them (its profile's ``pipeline`` fact is none, or
+    ``pipeline_zero1`` with ZeRO 2 or 3), else no limit."""
+    from . import stacks
+    from .types import Stack
+
+    name = str(options.get("stack") or Stack.MEGATRON.label)
+    if name not in Stack.names():
+        return math.inf  # named by the field's own check
+    prof = stacks.profile(name)
+    return 1 if prof.pipeline == "none" or (prof.pipeline_zero1 and int(options.get("zero") or 0) >= 2) else math.inf
 
 
 CHUNK = 512  # plans per compiled call of the plan engine

@@ -61,12 +61,15 @@ def check_stack_schedule(
         )
 
 
-def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = False) -> None:
-    """:func:`check_stack_schedule` of a plan's fields (its stack, DualPipe and ZeRO stage), and
-    :func:`check_stack_features` (its context parallelism and precision)."""
+def check_stack_plan(plan: Mapping[str, Any], pp: int, vp: int, stages: bool = False, model=None) -> None:
+    """:func:`check_stack_schedule` of a plan's fields (its stack, DualPipe and ZeRO stage),
+    :func:`check_stack_features` (its context parallelism and precision) and, given the ``model``'s
+    entry, :func:`check_stack_experts`."""
     dualpipe, zero = bool(plan.get("dualpipe")), int(plan.get("zero") or 0)
     check_stack_schedule(plan.get("stack"), pp, vp, stages, dualpipe, zero)
     check_stack_features(plan.get("stack"), int(plan.get("cp") or 1), plan.get("precision"))
+    if model is not None:
+        check_stack_experts(plan, model)
 
 
 def check_plan_search(plan: Mapping[str, Any], model: Mapping[str, Any] | None = None) -> None:
@@ -81,7 +84,11 @@ def check_plan_search(plan: Mapping[str, Any], model: Mapping[str, Any] | None =
     # A plan that names no precision trains in the default one (bf16), as evaluate resolves it.
     check_stack_features(plan.get("stack"), 1, plan.get("precision") or DEFAULTS["precision"])
     if model is not None:
-        check_stack_experts(plan.get("stack"), int(model.get("n_experts") or 0), int(plan.get("ep") or 1))
+        check_stack_experts(plan, model)
+        from .api import check_inert  # the search lays out ep 1: what needs an expert-parallel group is inert
+
+        moe = {k: plan.get(k) for k in ("ep", "ep_overlap", "dispatcher", "moe_imbalance", "fused_experts")}
+        check_inert(model, moe, moe)
 
 
 def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
@@ -117,30 +124,34 @@ def check_stack_features(stack: Any, cp: int, precision: Any) -> None:
         )
 
 
-def check_stack_experts(stack: Any, experts: int, ep: int) -> None:
-    """A model with experts on a stack that has no mixture-of-experts layer (its profile's ``experts``
-    fact is ``none``), or ``ep`` > 1 on one without expert parallelism (``expert_parallel``):
-    :func:`hetersim.terms.stackrules.stack_feature_bad` flags the same in a sweep (``Infeasible.STACK``)."""
+def check_stack_experts(plan: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """A ``model`` (its catalog entry) with experts on a ``plan``'s stack that has no mixture-of-experts
+    layer (its profile's ``experts`` fact is ``none``), or ``ep`` or ``etp`` > 1 on one without expert
+    parallelism (``expert_parallel``; the experts' own tensor parallelism came with Megatron-Core's
+    MoE parallel folding): :func:`hetersim.terms.stackrules.stack_feature_bad` flags the same in a
+    sweep (``Infeasible.STACK``)."""
     from . import stacks
     from .types import Stack
 
-    name = str(stack or Stack.MEGATRON.label)
+    name = str(plan.get("stack") or Stack.MEGATRON.label)
     if name not in Stack.names():
         return  # an unknown stack is named by the field's own check
     prof, where = stacks.profile(name), "hetersim/catalog/stacks.toml"
+    experts, ep, etp = (int(m.get(k) or 0) for m, k in ((model, "n_experts"), (plan, "ep"), (plan, "etp")))
     if experts > 1 and prof.experts == "none":
         raise FieldError(
             f"{{0}} {name} has no mixture-of-experts layer (its profile's experts fact, {where}); the model has "
             f"{experts} experts: pick a stack that has them",
             "stack",
         )
-    if ep > 1 and not prof.expert_parallel:
-        raise FieldError(
-            f"{{0}} {name} has no expert parallelism (its profile's expert_parallel fact, {where}); {{1}} must be 1, "
-            f"got {ep}",
-            "stack",
-            "ep",
-        )
+    for field, value in (("ep", ep), ("etp", etp)):
+        if value > 1 and not prof.expert_parallel:
+            raise FieldError(
+                f"{{0}} {name} has no expert parallelism (its profile's expert_parallel fact, {where}); {{1}} must "
+                f"be 1, got {value}",
+                "stack",
+                field,
+            )
 
 
 def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
@@ -150,7 +161,7 @@ def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None
     ep, etp = int(resolved.get("ep") or 1), int(resolved.get("etp") or 1)
     tp, cp, dp = (int(resolved.get(k) or 1) for k in ("tp", "cp", "dp"))
     experts = int(model.get("n_experts", 0) or 0)
-    check_stack_experts(resolved.get("stack"), experts, ep)
+    check_stack_experts(resolved, model)
     if experts <= 1:
         if ep > 1 or etp > 1:
             raise FieldError(f"{{0}} {ep} and {{1}} {etp}: the model has no experts (use 1)", "ep", "etp")
@@ -191,9 +202,12 @@ def check_plan_file(hp: Any, model: Mapping[str, Any], options: Mapping[str, Any
     sequence into ``2 x cp`` chunks, and each replica's expert layout (:func:`check_experts`) over
     its stage's data-parallel group, the replicas of every pipeline copy's stage holding the same
     first layer (:func:`hetersim.hsim._dp_groups`)."""
+    from .planfields import DEFAULTS
+
     cp = int(options.get("cp") or 1)
     depth, vp = max(len(p.stages) for p in hp.pipelines), int(options.get("vp") or 1)
-    check_stack_plan(options, depth, vp, stages=True)
+    # A plan that names no precision trains in the default one (bf16), as the engine resolves it.
+    check_stack_plan({**options, "precision": options.get("precision") or DEFAULTS["precision"]}, depth, vp, True)
     if vp > 1 and depth < 2:
         raise FieldError(f"{{0}} {vp} needs a plan of more than one stage (interleaving splits each stage)", "vp")
     if cp > 1 and seq % (2 * cp):
@@ -253,3 +267,15 @@ def keyed(cat: Any, hp: Any) -> Any:
         for p in hp.pipelines
     )  # fmt: skip
     return dataclasses.replace(hp, pipelines=pipes)
+
+
+def file_value(field: Any, value: Any) -> Any:
+    """:func:`hetersim.planfields.leaf_value` of a plan field's value that a file gives: a file writes a
+    count as an integer (``4``, not ``4.0``) and a switch as true or false (not ``1``), as a plan
+    file's stages do (a value a program computes may be a whole float)."""
+    from .planfields import leaf_value, rule
+
+    if {"int": not isinstance(value, int), "bool": not isinstance(value, bool)}.get(field.kind, False):
+        what = "true or false" if field.kind == "bool" else rule(field.name)
+        raise ValueError(f"{field.name} must be {what}; got {value!r}")
+    return leaf_value(field, value)

@@ -60,6 +60,7 @@ from typing import Any
 
 from . import recipe_ds, recipe_moe
 from .planfields import FIELDS
+from .recipe_precision import FP8_FORMATS, megatron_precision
 from .types import decimal_digits
 
 # Model dimensions: ``model_from_dims`` argument -> Megatron-LM flag (megatron/training/arguments.py).
@@ -380,7 +381,9 @@ def _from_bridge(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]
 
 def _bridge_precision(data: dict[str, Any], m: dict[str, Any], origin: str) -> dict[str, str]:
     """``mixed_precision`` (a recipe name), else the model's ``fp4`` / ``fp8`` (with ``fp8_recipe``),
-    ``bf16`` and ``fp16`` switches."""
+    ``bf16`` and ``fp16`` switches. A file with both runs the recipe's: Megatron-Bridge copies its
+    fields over the model's (``update_config_with_precision_overrides``, NVIDIA-NeMo/Megatron-Bridge
+    @ 067f987df src/megatron/bridge/training/mixed_precision.py l.148-156)."""
     name = data.get("mixed_precision")
     if isinstance(name, str):
         for word, precision in BRIDGE_PRECISION_WORDS:
@@ -416,7 +419,6 @@ def _format_switch(m: dict[str, Any], key: str, origin: str) -> bool:
 
 
 _YES_NO = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1", "none", "null", ""})
-FP8_FORMATS = ("e4m3", "hybrid")  # --fp8-format's choices (arguments.py @ c550cf6c41 l.1179), TransformerConfig.fp8
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,7 +523,7 @@ def _from_megatron(text: str, origin: str) -> dict[str, dict[str, Any]]:
         plan["n_gpus"] = _int_arg(origin, "--nnodes", args["--nnodes"]) * _int_arg(
             origin, "--nproc-per-node", args["--nproc-per-node"]
         )
-    plan.update(_megatron_precision(args, origin))
+    plan.update(megatron_precision(args, origin))
     _shard_group(args, plan, origin)
     reader = recipe_moe.Reader(origin, lambda _key, flag: (flag, args[flag]) if flag in args else None, "flags")
     model = _megatron_model(args, origin)
@@ -571,23 +573,6 @@ def _shard_group(args: dict[str, str | None], plan: dict[str, Any], origin: str)
     if plan["n_gpus"] % (plan.get("tp", 1) * plan.get("pp", 1)) or ranks % instances:
         raise _fail(origin, flag, f"{instances} must divide the data-parallel ranks dp*cp = {ranks}")
     plan["shard_group"] = ranks // instances
-
-
-def _megatron_precision(args: dict[str, str | None], origin: str) -> dict[str, str]:
-    if "--bf16" in args and "--fp16" in args:  # megatron/training/arguments.py: assert not args.bf16
-        raise _fail(origin, "--fp16 --bf16", "both given; Megatron-LM takes one of them")
-    if "--fp8-format" in args:  # argparse choices, megatron/training/arguments.py @ c550cf6c41 l.1179-1187
-        if args["--fp8-format"] not in FP8_FORMATS:
-            raise _fail(origin, "--fp8-format", f"must be e4m3 or hybrid; got {args['--fp8-format']!r}")
-        recipe = args.get("--fp8-recipe", "delayed")
-        if recipe not in ("tensorwise", "delayed", "mxfp8", "blockwise"):
-            raise _fail(origin, "--fp8-recipe", f"must be tensorwise, delayed, mxfp8 or blockwise; got {recipe!r}")
-        return {"precision": "mxfp8" if recipe == "mxfp8" else "fp8"}
-    if "--bf16" in args:
-        return {"precision": "bf16"}
-    if "--fp16" in args:
-        return {"precision": "fp16"}
-    return {}
 
 
 def _megatron_model(args: dict[str, str | None], origin: str) -> dict[str, Any]:

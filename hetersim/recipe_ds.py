@@ -17,7 +17,9 @@ them:
   refused: the model has no NVMe offload tier. ``stage3_max_reuse_distance`` (default 1e9) is the
   plan's ``reuse_Mparams``; ``reduce_bucket_size`` its ``bucket_Mparams``.
 * Precision: ``bf16.enabled``, ``fp16.enabled`` (also ``amp`` and ``torch_autocast`` with its
-  ``dtype``); none enabled is fp32, as DeepSpeed then trains. ``communication_data_type: fp32`` or
+  ``dtype``); none enabled is fp32, as DeepSpeed then trains. ``msamp.enabled`` (MS-AMP inside the
+  DeepSpeed engine, ``opt_level`` O1, O2 or O3: azure.github.io/MS-AMP/docs/user-tutorial/usage,
+  "Usage in DeepSpeed") runs the GEMMs in FP8 on top of them: ``fp8``. ``communication_data_type: fp32`` or
   ``fp32_allreduce: true`` reduces gradients in fp32 (``grad_reduce``).
 * ``tensor_parallel.autotp_size`` (AutoTP) is the tensor-parallel size.
 * ``"auto"`` (Hugging Face Trainer's placeholder, filled from its own arguments) is read as absent.
@@ -155,6 +157,14 @@ def _precision(data: dict[str, Any], origin: str) -> dict[str, str]:
     both = [k for k in ("bf16", "fp16", "amp") if enabled[k]]
     if len(both) > 1:
         raise ValueError(f"{origin}: {both[0]}.enabled and {both[1]}.enabled: both true; DeepSpeed takes one")
+    msamp = _section(data, "msamp", origin)
+    on = _given(msamp.get("enabled", False))
+    if on is not None and not isinstance(on, bool):
+        raise ValueError(f"{origin}: msamp.enabled: must be true or false; got {on!r}")
+    if on and msamp.get("opt_level", "O1") not in ("O1", "O2", "O3"):
+        raise ValueError(f"{origin}: msamp.opt_level: must be O1, O2 or O3; got {msamp['opt_level']!r}")
+    if on:
+        return {"precision": "fp8"}
     if enabled["torch_autocast"]:
         dtype = data["torch_autocast"].get("dtype", "bfloat16")
         if dtype not in ("bfloat16", "float16"):

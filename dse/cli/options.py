@@ -147,6 +147,9 @@ def apply_recipe(options: dict[str, Any]) -> dict[str, Any]:
 
     recipe = read_recipe(path)
     plan = {("gpus" if k == "n_gpus" else k): v for k, v in recipe["plan"].items()}
+    if given("zero") and plan.get("zero") == 3 and options.get("zero") != 3:
+        for name in ("reuse_Mparams", "zero3_prefetch"):  # the file's ZeRO-3 settings go with the stage --zero replaces
+            plan.pop(name, None)
     if isinstance(plan.get("offload"), dict):  # --offload's STATE:TIER form
         plan["offload"] = [f"{state}:{tier}" for state, tier in plan["offload"].items()]
     model = recipe["model"] if not given("model") else {}

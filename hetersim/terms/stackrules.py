@@ -14,12 +14,12 @@ from .compute import low_precision, stack_fact
 def stack_feature_bad(model: ModelSpec, plan: Plan):
     """The plan uses what its stack does not have: context parallelism (the stack fact
     ``context_parallel``), 8-bit-class GEMMs (``fp8``), bf16 (``bf16``), mixture-of-experts layers
-    (``experts = "none"``) or expert parallelism (``expert_parallel``)."""
+    (``experts = "none"``) or expert parallelism, ``ep`` or ``etp`` > 1 (``expert_parallel``)."""
     table = stacks.table()
     no_cp = (plan.cp > 1) & (stack_fact(table.context_parallel, plan) <= 0)
     no_bf16 = (plan.precision_code == int(Precision.BF16)) & (stack_fact(table.bf16, plan) <= 0)
     no_moe = (model.moe_layers > 0) & (stack_fact(table.no_experts, plan) > 0)
-    no_ep = (plan.ep > 1) & (stack_fact(table.expert_parallel, plan) <= 0)
+    no_ep = ((plan.ep > 1) | (plan.etp > 1)) & (stack_fact(table.expert_parallel, plan) <= 0)
     return no_cp | no_bf16 | no_moe | no_ep | (low_precision(plan) & (stack_fact(table.fp8, plan) <= 0))
 
 
