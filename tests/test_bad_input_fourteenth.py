@@ -9,16 +9,10 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 
+from .test_bad_input_thirteenth import _one_line  # one line "error: ...", exit 2, naming the needle
+
 MIX = "evaluate --cluster h100-sxm-80gb:8,h200-sxm-141gb:8 --gpus 16 --global-batch 64 --seq-len 4096".split()
 REPLICAS = 'replicas = [{ gpu = "h100-sxm-80gb", tp = 1, count = 8 }, { gpu = "h200-sxm-141gb", tp = 1, count = 8 }]'
-
-
-def _one_line(args: list[str], needle: str) -> str:
-    result = CliRunner().invoke(app, args)
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.mark.parametrize(
