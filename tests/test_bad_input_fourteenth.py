@@ -155,3 +155,22 @@ def test_a_deepspeed_configs_msamp_runs_fp8_and_zero_given_as_a_flag_replaces_it
     import json
 
     assert json.loads(result.output)["plan"]["zero"] == 1
+
+
+def test_a_runs_rows_etp_under_a_stack_without_expert_parallelism_names_its_column(tmp_path):
+    import csv
+    import io
+    from pathlib import Path
+
+    rows = list(csv.DictReader(io.StringIO((Path(__file__).parents[1] / "hetersim/data/moe_runs.csv").read_text())))
+    row = next(r for r in rows if r["model"] == "Mixtral-8x7B" and int(r["ep"]) > 1 and int(r["pp"] or 1) == 1)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, [*rows[0].keys(), "stack"])
+    writer.writeheader()
+    dp = str(int(row["n_gpus"]) // 2 // int(row["cp"] or 1))
+    cells = {"stack": "megatron-legacy", "precision": "fp16", "ep": "1", "etp": "2", "tp": "2", "dp": dp}
+    writer.writerow({**row, **cells})
+    runs = tmp_path / "runs.csv"
+    runs.write_text(out.getvalue())
+    line = _one_line(["validate", "--runs", str(runs)], "megatron-legacy has no expert parallelism")
+    assert line.endswith("column etp must be 1, got 2"), line

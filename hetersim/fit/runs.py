@@ -241,7 +241,8 @@ def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, A
             check_experts(model, {**plan, "sp": True})
         except FieldError as error:
             if error.fields[:1] == ("stack",):  # the stack has no experts, or no expert parallelism
-                raise ValueError(f"{where}: {error.named({'stack': 'the stack', 'ep': 'column ep'})}") from None
+                names = {"stack": "the stack", "ep": "column ep", "etp": "column etp"}
+                raise ValueError(f"{where}: {error.named(names)}") from None
             raise ValueError(f"{where}: {error} (columns ep, etp)") from None
 
 
