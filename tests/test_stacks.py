@@ -400,6 +400,27 @@ def test_a100_flash_attention_2_reproduces_its_published_forward_plus_backward_r
         assert 3.5 / (1.0 / (peak * fwd) + 2.5 / (peak * bwd)) == pytest.approx(published, rel=0.02)
 
 
+def test_h100_flash_attention_2_reproduces_its_published_rates(catalog):
+    """FlashAttention-2 on H100 SXM5, head dim 128, causal: forward + backward 294 / 308 / 328
+    TFLOP/s at 4k / 8k / 16k (FlashAttention-2 paper Fig. 7, Dao-AILab/flash-attention
+    assets/flash2_h100_fwd_bwd_benchmark.png), the backward counted as 2.5 forwards; and the
+    forward tritonbench measured through PyTorch's SDPA (pytorch/pytorch issue 142132), 329.5
+    TFLOP/s at seq 4608 without a causal mask, times the same figure's causal / non-causal ratio
+    there (0.905): a causal forward of 298."""
+    for seq, published, rel in ((4096, 294.0, 0.01), (8192, 308.0, 0.03), (16384, 328.0, 0.03)):
+        m, s, p = make(catalog, "llama3-8b", gpu="h100-sxm-80gb", n_gpus=8, tp=1, pp=1, global_batch=8,
+                       seq_len=seq, attention="flash2")  # fmt: skip
+        dev = s.device
+        fwd = float(compute.attention_eff(dev, m, p, dev.attn_eff_fwd, dev.attn2_eff_fwd))
+        bwd = float(compute.attention_eff(dev, m, p, dev.attn_eff_bwd, dev.attn2_eff_bwd))
+        peak = float(compute.attention_peak(dev, p)) / 1e12
+        assert 3.5 / (1.0 / (peak * fwd) + 2.5 / (peak * bwd)) == pytest.approx(published, rel=rel)
+    m, s, p = make(catalog, "llama3-8b", gpu="h100-sxm-80gb", n_gpus=8, tp=1, pp=1, global_batch=8,
+                   seq_len=4608, attention="flash2")  # fmt: skip
+    fwd = float(compute.attention_eff(s.device, m, p, s.device.attn_eff_fwd, s.device.attn2_eff_fwd))
+    assert fwd * float(compute.attention_peak(s.device, p)) / 1e12 == pytest.approx(329.5 * 0.905, rel=0.01)
+
+
 def test_hopper_cudnn_attention_reproduces_its_measured_rate(catalog):
     """cuDNN on H200 (the H100's die), BF16, causal, 64 / 8 heads, head dim 128 (NVIDIA/cudnn-frontend
     results/h200_919_only_cudnn/llama3.1_20260227_034703.csv): forward 0.465 ms and backward
