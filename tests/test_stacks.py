@@ -391,13 +391,18 @@ def test_a100_flash_attention_2_reproduces_its_published_forward_plus_backward_r
     189 TFLOP/s at 4k / 8k / 16k (FlashAttention-2 paper Fig. 4d, Dao-AILab/flash-attention
     assets/flash2_a100_fwd_bwd_benchmark.png), the backward counted as 2.5 forwards."""
     for seq, published in ((4096, 173.0), (8192, 182.0), (16384, 189.0)):
-        m, s, p = make(catalog, "llama3-8b", gpu="a100-sxm-80gb", n_gpus=8, tp=1, pp=1, global_batch=8,
-                       seq_len=seq, attention="flash2")  # fmt: skip
-        dev = s.device
-        fwd = float(compute.attention_eff(dev, m, p, dev.attn_eff_fwd, dev.attn2_eff_fwd))
-        bwd = float(compute.attention_eff(dev, m, p, dev.attn_eff_bwd, dev.attn2_eff_bwd))
-        peak = float(compute.attention_peak(dev, p)) / 1e12
-        assert 3.5 / (1.0 / (peak * fwd) + 2.5 / (peak * bwd)) == pytest.approx(published, rel=0.02)
+        assert _flash2_tflops(catalog, "a100-sxm-80gb", seq)[1] == pytest.approx(published, rel=0.02)
+
+
+def _flash2_tflops(catalog, gpu, seq):
+    """(forward, forward + backward) TFLOP/s of FlashAttention-2 on ``gpu`` at ``seq`` keys, causal,
+    head dimension 128, the backward counted as 2.5 forwards (the FlashAttention-2 paper's convention)."""
+    m, s, p = make(catalog, "llama3-8b", gpu=gpu, n_gpus=8, tp=1, pp=1, global_batch=8, seq_len=seq, attention="flash2")
+    dev = s.device
+    peak = float(compute.attention_peak(dev, p)) / 1e12
+    fwd = peak * float(compute.attention_eff(dev, m, p, dev.attn_eff_fwd, dev.attn2_eff_fwd))
+    bwd = peak * float(compute.attention_eff(dev, m, p, dev.attn_eff_bwd, dev.attn2_eff_bwd))
+    return fwd, 3.5 / (1.0 / fwd + 2.5 / bwd)
 
 
 def test_h100_flash_attention_2_reproduces_its_published_rates(catalog):
@@ -408,17 +413,8 @@ def test_h100_flash_attention_2_reproduces_its_published_rates(catalog):
     TFLOP/s at seq 4608 without a causal mask, times the same figure's causal / non-causal ratio
     there (0.905): a causal forward of 298."""
     for seq, published, rel in ((4096, 294.0, 0.01), (8192, 308.0, 0.03), (16384, 328.0, 0.03)):
-        m, s, p = make(catalog, "llama3-8b", gpu="h100-sxm-80gb", n_gpus=8, tp=1, pp=1, global_batch=8,
-                       seq_len=seq, attention="flash2")  # fmt: skip
-        dev = s.device
-        fwd = float(compute.attention_eff(dev, m, p, dev.attn_eff_fwd, dev.attn2_eff_fwd))
-        bwd = float(compute.attention_eff(dev, m, p, dev.attn_eff_bwd, dev.attn2_eff_bwd))
-        peak = float(compute.attention_peak(dev, p)) / 1e12
-        assert 3.5 / (1.0 / (peak * fwd) + 2.5 / (peak * bwd)) == pytest.approx(published, rel=rel)
-    m, s, p = make(catalog, "llama3-8b", gpu="h100-sxm-80gb", n_gpus=8, tp=1, pp=1, global_batch=8,
-                   seq_len=4608, attention="flash2")  # fmt: skip
-    fwd = float(compute.attention_eff(s.device, m, p, s.device.attn_eff_fwd, s.device.attn2_eff_fwd))
-    assert fwd * float(compute.attention_peak(s.device, p)) / 1e12 == pytest.approx(329.5 * 0.905, rel=0.01)
+        assert _flash2_tflops(catalog, "h100-sxm-80gb", seq)[1] == pytest.approx(published, rel=rel)
+    assert _flash2_tflops(catalog, "h100-sxm-80gb", 4608)[0] == pytest.approx(329.5 * 0.905, rel=0.01)
 
 
 def test_hopper_cudnn_attention_reproduces_its_measured_rate(catalog):
