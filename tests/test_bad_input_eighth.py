@@ -238,7 +238,7 @@ def test_a_report_of_a_feasible_configuration_without_its_metric_is_refused(tmp)
     check_refused(
         tmp,
         ["report", "{tmp}/nan.nc", "--no-validation", "--out", "{tmp}/rep"],
-        ["nan.nc", "time_to_train_s is not a number for a feasible configuration"],
+        ["nan.nc", "time_to_train_s is not a finite number for a feasible configuration"],
     )
 
 

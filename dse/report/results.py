@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,20 @@ def _check_attrs(ds) -> None:
             value = ds.attrs.get(key)
             if not isinstance(value, int | np.integer) or value < 0:
                 raise ValueError(f"streamed, but its {key} attribute is {value!r}, not a count")
+        if ds.attrs["n_feasible"] > ds.attrs["n_configs"]:
+            raise ValueError("streamed, but its n_feasible attribute counts more configurations than n_configs")
+        for name in (v for v in ds.data_vars if any(str(d).startswith("marginal_") for d in ds[v].dims)):
+            if bool(np.any(np.asarray(ds[name].values, dtype=float) < 0)):
+                raise ValueError(f"its per-axis summary {name} holds negative values")
+    _check_json_attrs(ds)
     names, given = str(ds.attrs.get("objectives", "time_to_train_s cost_usd")).split(), ds.attrs.get("objective_senses")
     senses = str(given or "").split()
     if not names:
         raise ValueError("its objectives attribute names no metric")
+    odd = [n for n in names if n not in METRICS or n == "infeasible"]
+    if odd or len(set(names)) < len(names):
+        got = repr(odd[0]) if odd else "a metric twice"
+        raise ValueError(f"its objectives attribute must name distinct metrics (as a study's objectives); got {got}")
     bad = [x for x in senses if x not in ("min", "max")]
     if bad or (given is not None and len(senses) != len(names)):
         got = bad[0] if bad else f"{len(senses)} senses for {len(names)} objectives"
@@ -60,11 +71,83 @@ def _check_attrs(ds) -> None:
         var = ds[name]
         if var.dims != ("config",) or not np.issubdtype(var.dtype, np.number) and var.dtype != bool:
             raise ValueError(f"{name} must be numbers along config; it is {var.dtype} over {var.dims}")
-        if name in (*REQUIRED[1:], *names) and bool(np.any(np.asarray(var.values, dtype=float) < 0)):
+        if name == "feasible":
+            continue
+        values = np.asarray(var.values, dtype=float)
+        if bool(np.any(values < 0)):
             raise ValueError(f"{name} holds negative values; every metric it reports is >= 0")
-        if name in (*REQUIRED[1:], *names) and feasible is not None:  # a front of NaN: 'All-NaN slice'
-            if not np.isfinite(np.asarray(var.values, dtype=float)[feasible]).all():
-                raise ValueError(f"{name} is not a number for a feasible configuration; a sweep writes one for each")
+        if feasible is None:
+            continue
+        if not np.isfinite(values[feasible]).all():  # a front of NaN: 'All-NaN slice'
+            raise ValueError(f"{name} is not a finite number for a feasible configuration; a sweep writes one for each")
+        if name in SHARES and bool(np.any(values[feasible] > 1.0)):
+            raise ValueError(
+                f"{name} is a share, at most 1, but a feasible configuration has {values[feasible].max():g}"
+            )
+        if name == "infeasible" and bool(np.any(values[feasible] != 0)):
+            raise ValueError("a feasible configuration has infeasible flags set; a sweep sets them only on the others")
+    _check_layout(ds, feasible)
+
+
+SHARES = ("mfu", "hfu", "goodput")  # metrics that are shares of a whole
+
+
+def _check_layout(ds, feasible) -> None:
+    """The layout columns a report labels configurations with: whole numbers >= 1 with
+    ``n_gpus = tp * pp * cp * dp`` (on the feasible rows: an infeasible point may carry any layout
+    the study asked for); the hardware values an optimize search set, finite and > 0."""
+    if feasible is None:
+        return
+    cols = {}
+    for name in ("n_gpus", "tp", "pp", "cp", "dp", "vp", "micro_batch", "global_batch"):
+        if name not in ds.variables or ds[name].dims != ("config",):
+            continue
+        cols[name] = values = np.asarray(ds[name].values, dtype=float)[feasible]
+        if values.size and not (np.all(values >= 1) and np.all(values == np.round(values))):
+            raise ValueError(f"{name} must be a whole number >= 1 on every feasible configuration")
+    if all(k in cols for k in ("n_gpus", "tp", "pp", "cp", "dp")):
+        if np.any(cols["tp"] * cols["pp"] * cols["cp"] * cols["dp"] != cols["n_gpus"]):
+            raise ValueError("a feasible configuration's n_gpus is not tp * pp * cp * dp")
+    outer = str(ds.attrs.get("outer_variables", "")).split()
+    missing = [name for name in outer if name not in ds.variables]
+    if missing:
+        raise ValueError(f"its outer_variables attribute names {missing[0]!r}, which it does not hold")
+    for name in (*outer, *SEARCH_TOTALS):
+        if name in ds.variables and name not in COLUMNS and ds[name].dims == ("config",):
+            values = np.asarray(ds[name].values, dtype=float)[feasible]
+            if not (np.isfinite(values).all() and np.all(values > 0)):
+                raise ValueError(f"{name}, a hardware value of the search, must be finite and > 0")
+
+
+SEARCH_TOTALS = ("price_usd_per_hour", "power_kW")  # what an optimize search records of each point's cluster
+
+
+def _check_json_attrs(ds) -> None:
+    """The attributes a report decodes as JSON: a sweep's ``fixed_plan`` (an object) and a streamed
+    sweep's ``infeasible_reasons`` (reason -> count), and the ``infeasible`` flags' masks."""
+    for key in ("fixed_plan", "infeasible_reasons"):
+        if key not in ds.attrs:
+            continue
+        try:
+            value = json.loads(str(ds.attrs[key]) or "{}")
+        except json.JSONDecodeError:
+            value = None
+        counts = key != "infeasible_reasons" or (
+            isinstance(value, dict)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values())
+        )
+        if not isinstance(value, dict) or not counts:
+            what = "an object" if key == "fixed_plan" else "an object of counts"
+            raise ValueError(f"its {key} attribute is not {what} in JSON")
+        tokens = value.get("train_tokens", 1.0) if key == "fixed_plan" else 1.0
+        if isinstance(tokens, bool) or not isinstance(tokens, int | float) or not 0 < tokens < float("inf"):
+            raise ValueError(f"its fixed_plan attribute's train_tokens must be a number > 0; got {tokens!r}")
+    if "infeasible" in ds.variables:
+        attrs = ds["infeasible"].attrs
+        masks = np.asarray(attrs.get("flag_masks", []))
+        names = str(attrs.get("flag_meanings", "")).split()
+        if masks.size != len(names) or (masks.size and not np.issubdtype(masks.dtype, np.integer)):
+            raise ValueError("its infeasible variable's flag_masks are not one integer per flag_meanings name")
 
 
 def _objectives(ds) -> tuple[tuple[str, ...], tuple[str, ...]]:
