@@ -163,8 +163,10 @@ def check_experts(model: Mapping[str, Any], resolved: Mapping[str, Any]) -> None
     experts = int(model.get("n_experts", 0) or 0)
     check_stack_experts(resolved, model)
     if experts <= 1:
-        if ep > 1 or etp > 1:
-            raise FieldError(f"{{0}} {ep} and {{1}} {etp}: the model has no experts (use 1)", "ep", "etp")
+        if ep > 1 or etp > 1:  # named by the fields that ask for expert parallelism, not a default 1
+            wrong = [(name, v) for name, v in (("ep", ep), ("etp", etp)) if v > 1]
+            text = " and ".join(f"{{{i}}} {v}" for i, (_, v) in enumerate(wrong))
+            raise FieldError(f"{text}: the model has no experts (use 1)", *(name for name, _ in wrong))
         return
     if experts % ep:
         raise FieldError(f"{{0}} {ep} does not divide the model's {experts} experts", "ep")

@@ -294,7 +294,10 @@ def _nemo_hardware(data: dict[str, Any], m: dict[str, Any], plan: dict[str, Any]
     optim = {} if m.get("optim") is None else m["optim"]
     if not isinstance(optim, dict):
         raise _fail(origin, "model.optim", f"must be a section of keys (name: ...); got {optim!r}")
-    if optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
+    name = optim.get("name")  # NeMo's optimizer registry (nemo/core/optim/optimizers.py); the model prices Adam
+    if name is not None and not (isinstance(name, str) and ("adam" in name or name == "mcore_distributed_optim")):
+        raise _fail(origin, "model.optim.name", f"must be an Adam optimizer (adam, fused_adam, ...); got {name!r}")
+    if name in ("distributed_fused_adam", "mcore_distributed_optim"):
         plan["zero"] = 1  # the distributed optimizer: optimizer states sharded over DP (ZeRO-1)
 
 

@@ -85,3 +85,127 @@ def test_report_still_draws_a_sound_dataset(tmp):
     result = CliRunner().invoke(app, ["report", str(tmp / "r.nc"), "--no-validation", "--out", str(tmp / "rep")])
     assert result.exit_code == 0, result.output
     assert (tmp / "rep" / "index.html").is_file()
+
+
+NEMO = """trainer:
+  num_nodes: 2
+  devices: 8
+  precision: bf16-mixed
+model:
+  micro_batch_size: 1
+  global_batch_size: 256
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 2
+  encoder_seq_length: 4096
+  num_layers: 32
+  hidden_size: 4096
+  ffn_hidden_size: 11008
+  num_attention_heads: 32
+  num_query_groups: {groups}
+  activation: fast-swiglu
+  optim:
+    name: {optim}
+"""
+MEGATRON = (
+    "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 32 "
+    "--hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 --swiglu --vocab-size 32000 "
+    "--seq-length 4096 --micro-batch-size 1 --global-batch-size 256 --bf16 --expert-model-parallel-size 2\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        # the recipe's num_query_groups was blamed on --kv-heads, a flag never given
+        ("r.yaml", NEMO.format(groups=5, optim="distributed_fused_adam"),
+         "kv_heads (from --recipe {tmp}/r.yaml) must divide heads (32), got 5"),
+        # a dense model's expert parallelism named --etp, left at its default
+        ("a.sh", MEGATRON, "ep (from --recipe {tmp}/a.sh) 2: the model has no experts (use 1)"),
+        # an optimizer other than Adam was priced as Adam's states
+        ("r.yaml", NEMO.format(groups=8, optim="sgd"), "model.optim.name: must be an Adam optimizer"),
+    ],
+)  # fmt: skip
+def test_a_recipes_values_are_named_as_the_recipes(tmp, name, text, needle):
+    (tmp / name).write_text(text, encoding="utf-8")
+    line = check_refused(tmp, ["evaluate", "--gpu", "h100-sxm-80gb", "--recipe", f"{{tmp}}/{name}", "--vocab", "32000"],
+                         [needle])  # fmt: skip
+    assert "--kv-heads" not in line and "--etp" not in line
+
+
+def _run_row(**cells):
+    from hetersim.fit.runs import default_runs_path
+
+    lines = default_runs_path().read_text(encoding="utf-8").splitlines()
+    header = lines[0].split(",")
+    row = next(x for x in lines if x.startswith("r047-"))
+    values = next(iter(__import__("csv").reader([row])))
+    for key, value in cells.items():
+        values[header.index(key)] = value
+    out = __import__("io").StringIO()
+    __import__("csv").writer(out, lineterminator="\n").writerows([header, values])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("cells", "needle"),
+    [
+        ({"tp": "\uff11"}, "column tp must be a number; got '\uff11'"),  # a fullwidth 1 read as tp 1
+        ({"n_gpus": "1_6"}, "column n_gpus must be a number"),
+        ({"scaleup_domain": "0"}, "column scaleup_domain must be whole nodes of 8 GPUs or divide one"),
+        ({"scaleup_domain": "3"}, "column scaleup_domain must be whole nodes of 8 GPUs or divide one"),
+    ],
+)
+def test_a_runs_row_holds_ascii_numbers_and_a_real_scaleup_domain(tmp, cells, needle):
+    (tmp / "runs.csv").write_text(_run_row(**cells), encoding="utf-8")
+    check_refused(tmp, ["validate", "--runs", "{tmp}/runs.csv"], ["runs.csv", "r047-", needle])
+
+
+MEMORY = (
+    "source,model,gpu,n_gpus,tp,pp,dp,cp,micro_batch,seq_len,recompute,sp,component,value,unit,notes\n"
+    "K,22B,A100-80GB,{n},{tp},1,1,1,4,2048,none,False,{component},59.25,GiB/GPU,x\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cells", "needle"),
+    [
+        ({"n": 8, "tp": "x", "component": "activations"}, "line 2: column tp must be a positive integer"),
+        ({"n": 7, "tp": 8, "component": "activations"}, "line 2: no run of '22B' with n_gpus 7, tp 8"),
+        ({"n": 8, "tp": 8, "component": "bogus"}, "line 2: column component must start with one of"),
+    ],
+)
+def test_a_measured_memory_row_is_scored_or_refused_never_dropped(tmp, cells, needle):
+    """validate --memory reported 'n 0, mape_pct nan' for a row it silently dropped."""
+    (tmp / "mem.csv").write_text(MEMORY.format(**cells), encoding="utf-8")
+    check_refused(tmp, ["validate", "--memory", "{tmp}/mem.csv"], ["mem.csv", needle])
+
+
+MODEL = """[models.m1]
+name = "M"
+layers = 32
+hidden = 4096
+heads = 32
+kv_heads = 8
+ffn_hidden = 11008
+vocab = 32000
+mlp = "gated"
+seq_len = 4096
+tied_embeddings = false
+source = "x"
+{extra}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("top_k = 2", "models.m1: top_k = 2 needs n_experts"),
+        ("n_experts = 8\ntop_k = 9\nmoe_ffn_hidden = 1024", "models.m1: top_k must be between 1 and n_experts = 8"),
+        ("n_experts = 8\ntop_k = 2\nmoe_ffn_hidden = 1024\nroute_groups = 3\nroute_group_topk = 1",
+         "models.m1: route_groups must divide n_experts = 8"),
+    ],
+)  # fmt: skip
+def test_a_catalog_models_expert_fields_are_checked_where_the_file_is_read(tmp, extra, needle):
+    """The entry was listed by `catalog models` and refused only when used, naming neither file nor key."""
+    (tmp / "c.toml").write_text(MODEL.format(extra=extra), encoding="utf-8")
+    check_refused(tmp, ["catalog", "models", "--catalog", "{tmp}/c.toml"], ["c.toml", needle])

@@ -88,7 +88,7 @@ def configuration(
     dims["head_dim"] = head_dim
     dims = {k: v for k, v in {**dims, "mlp": mlp, "tied_embeddings": tied_embeddings}.items() if v is not None}
     extra = rest.pop("model_extra", None) or {}
-    check_model(catalog, model, dims, extra)
+    check_model(catalog, model, dims, extra, recipe)
     dims.update(extra)
     try:
         built = api.configure(

@@ -82,10 +82,15 @@ def pairs(flag: str, items: list[str], sep: str, example: str) -> dict[str, str]
 
 
 def check_model(
-    catalog, model: str | None, given: dict[str, Any], extra: dict[str, Any] | None = None
+    catalog,
+    model: str | None,
+    given: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    recipe: tuple[Any, tuple[str, ...]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """(label, model entry) from ``--model KEY|config.json`` or from dimensions, with flag errors;
-    ``extra``: a recipe's optional model fields (experts, MLA ranks), checked by the catalog schema."""
+    ``extra``: a recipe's optional model fields (experts, MLA ranks), checked by the catalog schema;
+    ``recipe``: the file and the fields it set (:func:`apply_recipe`), named as the file's."""
     if model is not None and not model.strip():
         raise ValueError("--model is empty; give a catalog key, a config.json path or a Hugging Face model id")
     if model is not None:
@@ -111,7 +116,10 @@ def check_model(
         if match is None:
             raise
         field = match[1]
-        name = f"--{field.replace('_', '-')}" if field in given else f"--recipe's model field {field}"
+        if recipe is not None and field in recipe[1]:
+            name = f"{field} (from --recipe {recipe[0]})"
+        else:
+            name = f"--{field.replace('_', '-')}" if field in given else f"--recipe's model field {field}"
         raise ValueError(name + str(error)[match.end() :]) from None
     return entry["name"], entry
 

@@ -75,6 +75,12 @@ def _check_entry(origin: str, section: Section, key: str, entry: Entry) -> None:
             raise _fail(origin, f"{label}.n_experts {entry['n_experts']} needs top_k (experts a token is routed to)")
         if entry.get("sliding_window_share") is not None and not entry.get("sliding_window"):
             raise _fail(origin, f"{label}.sliding_window_share needs sliding_window (the window its layers see)")
+        from ..build import moe_fields  # the experts' and latent attention's own rules, here at load
+
+        try:
+            moe_fields(entry)
+        except ValueError as error:  # "model NAME: top_k = 2 needs n_experts ...": named by file and entry
+            raise _fail(origin, f"{label}: {str(error).partition(': ')[2]}") from None
     elif section == "gpus":
         if entry["peak_tflops_bf16"] <= 0 and entry["peak_tflops_fp16"] <= 0:
             raise _fail(origin, f"{label} needs peak_tflops_bf16 or peak_tflops_fp16 > 0, both are 0")

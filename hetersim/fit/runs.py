@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import build
+from ..catalog.check import fits_nodes
 from ..planrules import check_experts, check_stack_plan
 from ..terms.flops import megatron_flops_per_token
 from ..types import ATTENTION, FieldError
@@ -108,7 +109,9 @@ def _num(path, row: Row, col: str, *, integer: bool = True, optional: bool = Fal
     raw = (row.fields.get(col) or "").strip()  # a column the file lacks is empty
     if raw == "" and optional:
         return None
-    try:
+    try:  # ASCII digits only: float() reads fullwidth and other scripts' digits and 1_0
+        if not raw.isascii() or "_" in raw:
+            raise ValueError
         v = float(raw)
     except ValueError:
         raise ValueError(f"{path}: row {row.id}: column {col} must be a number; got {raw!r}") from None
@@ -189,7 +192,13 @@ def row_inputs(row: Row, catalog, path="runs") -> dict[str, Any]:
         shard_group=int(n("shard_group", optional=True) or 0) if "shard_group" in f else 0,
     )
     _check_layout(path, row, model, plan)
-    return dict(model=model, gpu=gpu, scaleup_domain=opt("scaleup_domain", None), plan=plan)
+    domain, node = opt("scaleup_domain", None), int(gpu.get("gpus_per_node") or 0)
+    if domain is not None and (domain < 1 or (node and not fits_nodes(int(domain), node))):
+        raise ValueError(
+            f"{path}: row {row.id}: column scaleup_domain must be whole nodes of {gpu.get('gpus_per_node')} "
+            f"GPUs or divide one (as the catalog's); got {f['scaleup_domain'].strip()!r}"
+        )
+    return dict(model=model, gpu=gpu, scaleup_domain=domain, plan=plan)
 
 
 def _check_layout(path, row: Row, model: Mapping[str, Any], plan: Mapping[str, Any]) -> None:

@@ -252,16 +252,25 @@ def _component(out, i: int, component: str) -> float | None:
 # relative figure, listed as skipped); the largest GiB per GPU taken as real.
 MEMORY_UNITS = ("GiB/GPU", "% of baseline")
 MAX_MEMORY_GIB = 1e6
+MEMORY_COMPONENTS = ("params+grads+optimizer", "activations", "peak memory")  # what _component prices
 
 
-def memory_records(path: Path) -> list[dict[str, str]]:
-    """The rows of a published-memory CSV, its header and each row's cells checked (one-line
-    errors naming the file, line and column)."""
+def memory_records(path: Path, runs_path=None) -> list[dict[str, str]]:
+    """The rows of a published-memory CSV, its header and each row's cells checked, and each row in
+    GiB matched to a run of ``runs_path`` (one-line errors naming the file, line and column)."""
     recs = list(csv_records(read_text(path, "memory")))
     if not recs or any(c not in recs[0] for c in MEMORY_COLUMNS):
         raise ValueError(f"{path}: not a published-memory CSV, expected columns: {', '.join(MEMORY_COLUMNS)}")
     for k, rec in enumerate(recs, start=2):
         _check_memory_row(f"{path}: line {k}", rec)
+    runs = None
+    for k, rec in enumerate(recs, start=2):  # a measurement in GiB is scored against its run or refused, never dropped
+        if rec["unit"].strip() == "GiB/GPU":
+            runs = runs if runs is not None else read_runs(runs_path or default_runs_path())
+            if not any(_same_config(r.fields, rec) for r in runs):
+                layout = ", ".join(f"{c} {rec[c].strip()}" for c in ("n_gpus", "tp", "pp", "cp", "seq_len"))
+                where = runs_path or default_runs_path()
+                raise ValueError(f"{path}: line {k}: no run of {rec['model']!r} with {layout} in {where}")
     return recs
 
 
@@ -279,9 +288,14 @@ def _check_memory_row(where: str, rec: Mapping[str, str]) -> None:
         value = float("nan")
     if not 0 < value <= MAX_MEMORY_GIB:  # NaN fails too
         raise ValueError(f"{where}: column value must be a number of GiB > 0 and <= {MAX_MEMORY_GIB:g}; got {raw!r}")
-    mb = (rec.get("micro_batch") or "").strip()
-    if not (decimal_digits(mb) and 0 < int(mb) <= planfields.BY_NAME["micro_batch"].hi):
-        raise ValueError(f"{where}: column micro_batch must be {planfields.rule('micro_batch')}; got {mb!r}")
+    for col in ("micro_batch", "n_gpus", "tp", "pp", "cp", "seq_len"):  # what a row is matched to its run by
+        cell = (rec.get(col) or "").strip()
+        if not (decimal_digits(cell) and 0 < int(cell) <= planfields.BY_NAME[col].hi):
+            raise ValueError(f"{where}: column {col} must be {planfields.rule(col)}; got {cell!r}")
+    component = (rec.get("component") or "").strip().lower()
+    if not component.startswith(MEMORY_COMPONENTS):
+        allowed = ", ".join(MEMORY_COMPONENTS)
+        raise ValueError(f"{where}: column component must start with one of {allowed}; got {rec.get('component')!r}")
     recompute = (rec.get("recompute") or "").strip()
     modes = planfields.BY_NAME["recompute"].names
     if recompute and recompute not in modes:
@@ -300,7 +314,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
     match no run are listed as skipped.
     """
     path = Path(path) if path else default_memory_path()
-    recs = memory_records(path)
+    recs = memory_records(path, runs_path)
     runs = read_runs(runs_path or default_runs_path())
     results, skipped = [], []
     for k, rec in enumerate(recs, start=2):
@@ -309,10 +323,7 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
         except ValueError:
             skipped.append(f"line {k}: value {rec['value'][:30]!r} is not a number")
             continue
-        match = next((r for r in runs if _same_config(r.fields, rec)), None)
-        if match is None:
-            skipped.append(f"line {k}: no run of {rec['model']} with this layout")
-            continue
+        match = next(r for r in runs if _same_config(r.fields, rec))  # memory_records matched every row in GiB
         inp = row_inputs(match, catalog, str(path))
         plan = dict(inp["plan"], micro_batch=int(rec["micro_batch"]))
         per_step = plan["micro_batch"] * plan["dp"]
