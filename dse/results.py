@@ -171,6 +171,9 @@ def unstack(ds, dim: str, levels: list[str], path: Path):
     return out.assign_attrs(fixed_columns=str(constant))
 
 
+TABLE_ATTRS = ("title", "study_name", "objectives", "history", "streamed")  # what a table keeps of its dataset
+
+
 def to_frame(path: str | Path):
     """One row per configuration (or trial): names for codes, every variable along the record
     dimension as a column, the units and the study in ``DataFrame.attrs``."""
@@ -188,7 +191,7 @@ def to_frame(path: str | Path):
 
     frame.attrs = {
         "units": {c: display_units(ds[c].attrs) for c in frame.columns if c in ds.variables and "units" in ds[c].attrs},
-        **{k: _plain(v) for k, v in ds.attrs.items() if k in ("title", "study_name", "objectives", "history")},
+        **{k: _plain(v) for k, v in ds.attrs.items() if k in TABLE_ATTRS},
     }
     return frame
 

@@ -209,3 +209,9 @@ def test_a_catalog_models_expert_fields_are_checked_where_the_file_is_read(tmp, 
     """The entry was listed by `catalog models` and refused only when used, naming neither file nor key."""
     (tmp / "c.toml").write_text(MODEL.format(extra=extra), encoding="utf-8")
     check_refused(tmp, ["catalog", "models", "--catalog", "{tmp}/c.toml"], ["c.toml", needle])
+
+
+def test_export_refuses_a_dataset_with_no_configuration(tmp):
+    """It wrote a table of 0 rows x 74 columns, rc 0, where report refuses the same file."""
+    _results(lambda ds: None).isel(config=slice(0, 0)).to_netcdf(tmp / "r.nc")
+    check_refused(tmp, ["export", "{tmp}/r.nc", "--csv", "{tmp}/t.csv"], ["r.nc: holds no configurations to export"])

@@ -44,6 +44,8 @@ def export_command(
             if atomic.is_netcdf(target):  # a results file, which the table would replace
                 raise ValueError(f"{flag} {target}: exists and is a results file (netCDF); give the table its own file")
     frame = to_frame(path)
+    if frame.empty and not int(frame.attrs.get("streamed", 0)):  # as report: a streamed sweep may keep none
+        raise ValueError(f"{path}: holds no configurations to export")
     written = []
     for target, write in (
         (csv, lambda tmp: frame.to_csv(tmp, index=False)),
