@@ -11,6 +11,7 @@ import pytest
 
 from tests import test_bad_input as base
 from tests.test_bad_input import check_refused
+from tests.test_bad_input_seventh import MODEL as MODEL7
 from tests.test_bad_input_seventh import _results
 
 tmp = base.tmp  # the fixture: a prepared folder, the current one
@@ -87,25 +88,14 @@ def test_report_still_draws_a_sound_dataset(tmp):
     assert (tmp / "rep" / "index.html").is_file()
 
 
-NEMO = """trainer:
-  num_nodes: 2
-  devices: 8
-  precision: bf16-mixed
-model:
-  micro_batch_size: 1
-  global_batch_size: 256
-  tensor_model_parallel_size: 2
-  pipeline_model_parallel_size: 2
-  encoder_seq_length: 4096
-  num_layers: 32
-  hidden_size: 4096
-  ffn_hidden_size: 11008
-  num_attention_heads: 32
-  num_query_groups: {groups}
-  activation: fast-swiglu
-  optim:
-    name: {optim}
-"""
+def _nemo(groups: int = 8, optim: str = "distributed_fused_adam") -> str:
+    """test_recipe's NeMo recipe with its query groups and optimizer replaced."""
+    from tests.test_recipe import NEMO_YAML
+
+    text = NEMO_YAML.replace("num_query_groups: 8", f"num_query_groups: {groups}")
+    return text.replace("name: distributed_fused_adam", f"name: {optim}")
+
+
 MEGATRON = (
     "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 32 "
     "--hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 --swiglu --vocab-size 32000 "
@@ -117,12 +107,12 @@ MEGATRON = (
     ("name", "text", "needle"),
     [
         # the recipe's num_query_groups was blamed on --kv-heads, a flag never given
-        ("r.yaml", NEMO.format(groups=5, optim="distributed_fused_adam"),
+        ("r.yaml", _nemo(groups=5),
          "kv_heads (from --recipe {tmp}/r.yaml) must divide heads (32), got 5"),
         # a dense model's expert parallelism named --etp, left at its default
         ("a.sh", MEGATRON, "ep (from --recipe {tmp}/a.sh) 2: the model has no experts (use 1)"),
         # an optimizer other than Adam was priced as Adam's states
-        ("r.yaml", NEMO.format(groups=8, optim="sgd"), "model.optim.name: must be an Adam optimizer"),
+        ("r.yaml", _nemo(optim="sgd"), "model.optim.name: must be an Adam optimizer"),
     ],
 )  # fmt: skip
 def test_a_recipes_values_are_named_as_the_recipes(tmp, name, text, needle):
@@ -180,20 +170,7 @@ def test_a_measured_memory_row_is_scored_or_refused_never_dropped(tmp, cells, ne
     check_refused(tmp, ["validate", "--memory", "{tmp}/mem.csv"], ["mem.csv", needle])
 
 
-MODEL = """[models.m1]
-name = "M"
-layers = 32
-hidden = 4096
-heads = 32
-kv_heads = 8
-ffn_hidden = 11008
-vocab = 32000
-mlp = "gated"
-seq_len = 4096
-tied_embeddings = false
-source = "x"
-{extra}
-"""
+MODEL = MODEL7.replace("[models.m]", "[models.m1]") + "{extra}\n"  # the seventh fuzz's small model entry
 
 
 @pytest.mark.parametrize(
