@@ -4,6 +4,8 @@ edited datasets, validate's runs and memory files, catalog files, recipes), each
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import numpy as np
@@ -128,11 +130,11 @@ def _run_row(**cells):
     lines = default_runs_path().read_text(encoding="utf-8").splitlines()
     header = lines[0].split(",")
     row = next(x for x in lines if x.startswith("r047-"))
-    values = next(iter(__import__("csv").reader([row])))
+    values = next(csv.reader([row]))
     for key, value in cells.items():
         values[header.index(key)] = value
-    out = __import__("io").StringIO()
-    __import__("csv").writer(out, lineterminator="\n").writerows([header, values])
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([header, values])
     return out.getvalue()
 
 
