@@ -324,9 +324,11 @@ MOE_MODEL = MODEL + "n_experts = 8\ntop_k = 4\nmoe_ffn_hidden = 1024\n"  # 4 lay
     ids=["moe-every-past-layers", "groups-reach", "shared-zero"],
 )
 def test_a_catalog_moe_model_that_contradicts_itself_is_refused(tmp, extra, fragments):
+    """Refused where the file is read, naming it and the entry (since the fifteenth fuzz; before,
+    when the model was built, as 'model M')."""
     (tmp / "m.toml").write_text(MOE_MODEL + extra)
     args = ["evaluate", "--model", "m", "--catalog", "{tmp}/m.toml", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
-    check_refused(tmp, [*args, "--global-batch", "64"], ["model M", *fragments])
+    check_refused(tmp, [*args, "--global-batch", "64"], ["catalog file {tmp}/m.toml: models.m: ", *fragments])
 
 
 @pytest.mark.parametrize(
