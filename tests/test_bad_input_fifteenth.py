@@ -194,3 +194,17 @@ def test_export_refuses_a_dataset_with_no_configuration(tmp):
     """It wrote a table of 0 rows x 74 columns, rc 0, where report refuses the same file."""
     _results(lambda ds: None).isel(config=slice(0, 0)).to_netcdf(tmp / "r.nc")
     check_refused(tmp, ["export", "{tmp}/r.nc", "--csv", "{tmp}/t.csv"], ["r.nc: holds no configurations to export"])
+
+
+def test_a_relative_memory_figure_is_skipped_not_matched(tmp_path):
+    """A '% of baseline' row whose value reads as a number ended in a StopIteration traceback when
+    it matched no run (since rows in GiB had to match one); it is listed as skipped, as the text
+    figures are, and never scored as GiB."""
+    from hetersim import api
+    from hetersim.catalog import load_catalog
+    from hetersim.fit.validation import validate_memory
+
+    path = tmp_path / "mem.csv"
+    path.write_text(MEMORY.format(n=7, tp=8, component="activations").replace("GiB/GPU", "% of baseline"))
+    report = validate_memory(path, load_catalog(), api.default_calibration())
+    assert report["n"] == 0 and report["skipped"] == ["line 2: unit '% of baseline' is a relative figure"]

@@ -310,8 +310,9 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
 
     Each memory row is matched to the run of ``published_runs.csv`` with the same model, GPU
     count, tp, pp, cp and sequence length; its recompute mode, sequence parallelism and
-    micro-batch replace the run's. Rows whose value is not a number (relative figures) or that
-    match no run are listed as skipped.
+    micro-batch replace the run's. Rows whose value is not a number or not in GiB per GPU (relative
+    figures) are listed as skipped; a row in GiB that matches no run is refused by
+    :func:`memory_records`.
     """
     path = Path(path) if path else default_memory_path()
     recs = memory_records(path, runs_path)
@@ -322,6 +323,9 @@ def validate_memory(path: str | Path | None, catalog, cal: Calibration, runs_pat
             value = float(rec["value"])
         except ValueError:
             skipped.append(f"line {k}: value {rec['value'][:30]!r} is not a number")
+            continue
+        if rec["unit"].strip() != "GiB/GPU":  # a share of a baseline, never scored as GiB
+            skipped.append(f"line {k}: unit {rec['unit'].strip()!r} is a relative figure")
             continue
         match = next(r for r in runs if _same_config(r.fields, rec))  # memory_records matched every row in GiB
         inp = row_inputs(match, catalog, str(path))
