@@ -50,6 +50,12 @@ def cluster_error(cluster: str, error: ValueError) -> ValueError:
     return ValueError(f"--cluster {cluster}: {str(error).removeprefix('cluster: ')}")
 
 
+def recipe_field(field: str, recipe: tuple[Any, tuple[str, ...]]) -> str:
+    """How an error names a field whose value came from ``--recipe FILE`` (``recipe``: the file and
+    the fields it set, :func:`apply_recipe`)."""
+    return f"{field} (from --recipe {recipe[0]})"
+
+
 def with_flag(error: ValueError, recipe: tuple[Any, tuple[str, ...]] | None = None) -> ValueError:
     """Rename the fields of a message to the CLI flags that set them: every field of a
     :class:`hetersim.types.FieldError`, else a field at the start of the message and the tier
@@ -58,7 +64,7 @@ def with_flag(error: ValueError, recipe: tuple[Any, tuple[str, ...]] | None = No
     flag the command line did not give."""
     flags = dict(FIELD_FLAGS)
     if recipe is not None:
-        flags.update({field: f"{field} (from --recipe {recipe[0]})" for field in recipe[1]})
+        flags.update({field: recipe_field(field, recipe) for field in recipe[1]})
     if isinstance(error, FieldError):
         return ValueError(error.named(flags))
     text = _TIER_FIELD.sub(lambda m: TIER_FLAGS[m[1]], str(error))
@@ -117,7 +123,7 @@ def check_model(
             raise
         field = match[1]
         if recipe is not None and field in recipe[1]:
-            name = f"{field} (from --recipe {recipe[0]})"
+            name = recipe_field(field, recipe)
         else:
             name = f"--{field.replace('_', '-')}" if field in given else f"--recipe's model field {field}"
         raise ValueError(name + str(error)[match.end() :]) from None
