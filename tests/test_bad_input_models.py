@@ -130,6 +130,15 @@ FILES = {
     "calculon-no-attn-size": {k: v for k, v in CALCULON_1T.items() if k != "attn_size"},
     # an encoder-only model priced as a decoder
     "bert": BERT,
+    # the sixteenth fuzz: a typo'd activation, a DeepSeek config without latent attention read as
+    # plain attention, an MoE layer step ignored, architectures as one string
+    "llama-act-typo": {**LLAMA31_8B, "hidden_act": "swish9"},
+    "foo-act-typo": {**FOO, "hidden_act": "SiLu2"},
+    "dsv3-kv-lora-zero": {**DEEPSEEK_V3, "kv_lora_rank": 0},
+    "dsv3-kv-lora-missing": {k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"},
+    "dsv3-moe-freq-2": {**DEEPSEEK_V3, "moe_layer_freq": 2},
+    "dsv3-moe-freq-0": {**DEEPSEEK_V3, "moe_layer_freq": 0},
+    "arch-str": {**LLAMA31_8B, "architectures": "LlamaForCausalLM"},
 }
 
 
@@ -183,6 +192,13 @@ CASES = [
     ("calculon-rope-theta-str", ["Calculon model file", "rope_theta must be a positive number, got 'abc'"]),
     ("calculon-no-attn-size", ["Calculon model file", "missing 'attn_size'"]),
     ("bert", ["architectures 'BertForMaskedLM' is an encoder", "only decoder-only transformers are modelled"]),
+    ("llama-act-typo", ["hidden_act 'swish9' is no activation transformers knows", "silu"]),
+    ("foo-act-typo", ["hidden_act 'silu2' is no activation transformers knows"]),
+    ("dsv3-kv-lora-zero", ["kv_lora_rank must be a positive integer (deepseek_v3 attends through MLA); got 0"]),
+    ("dsv3-kv-lora-missing", ["kv_lora_rank must be a positive integer", "got None"]),
+    ("dsv3-moe-freq-2", ["moe_layer_freq = 2: only 1 is read"]),
+    ("dsv3-moe-freq-0", ["moe_layer_freq = 0: only 1 is read"]),
+    ("arch-str", ["architectures must be a list of class names; got 'LlamaForCausalLM'"]),
 ]
 
 
@@ -232,3 +248,19 @@ def test_the_fixed_keys_still_read_real_configs(tmp_path):
         entry = model_from_hf_config(path)
         assert entry["n_experts"] > 1 and entry["top_k"] >= 1, name
     assert entry["rope_attention_scale"] == pytest.approx(0.1 * math.log(32.0) + 1.0)
+
+
+def test_deepseeks_own_moe_layer_freq_of_one_and_a_known_activation_read_as_before(tmp_path):
+    """DeepSeek-V3's released config.json writes ``moe_layer_freq: 1`` (every layer after the
+    dense ones is MoE): read as the file without it; Gemma's GeLU activation is one transformers
+    knows."""
+
+    def read(config: dict, name: str) -> dict:
+        (tmp_path / name).write_text(json.dumps(config))
+        return model_from_hf_config(tmp_path / name)
+
+    plain = read(DEEPSEEK_V3, "a.json")
+    with_freq = read({**DEEPSEEK_V3, "moe_layer_freq": 1}, "b.json")
+    assert {k: v for k, v in with_freq.items() if k != "source"} == {k: v for k, v in plain.items() if k != "source"}
+    assert plain["kv_lora_rank"] == DEEPSEEK_V3["kv_lora_rank"]
+    assert read({**LLAMA31_8B, "hidden_act": "gelu_pytorch_tanh"}, "c.json")["mlp"] == "gated"

@@ -56,6 +56,12 @@ _GATED_TYPES = frozenset(
     }
 )
 _GATED_ACTIVATIONS = frozenset({"silu", "swiglu"})
+# The activations a config may name: transformers' ACT2CLS (5.25, activations.py) and "swiglu",
+# which marks a gated MLP above. Any other name is a typo the reader cannot price (gated or not).
+_ACTIVATIONS = _GATED_ACTIVATIONS | frozenset(
+    "gelu gelu_10 gelu_fast gelu_new gelu_python gelu_pytorch_tanh gelu_python_tanh gelu_accurate hardswish "
+    "laplace leaky_relu linear mish quick_gelu relu relu2 relu6 sigmoid sqrtsoftplus swish tanh prelu xielu".split()
+)
 # `tie_word_embeddings` where a config leaves it out: the transformers config class's default
 # (LlamaConfig, MistralConfig, Qwen2Config: False; GemmaConfig, Gemma2Config, GPT2Config: True).
 _TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True}
@@ -287,6 +293,9 @@ def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: st
     hidden = get("hidden_size", "n_embd", "d_model", to="hidden")  # d_model, n_heads, n_layers: MosaicML's MPT
     heads = get("num_attention_heads", "n_head", "n_heads", to="heads")
     activation = str(config.get("hidden_activation") or config.get("hidden_act", "")).lower()
+    if activation and activation not in _ACTIVATIONS:
+        key = prefix + ("hidden_activation" if config.get("hidden_activation") else "hidden_act")
+        raise get.fail(f"{key} {activation!r} is no activation transformers knows ({', '.join(sorted(_ACTIVATIONS))})")
     gated = model_type in _GATED_TYPES or activation in _GATED_ACTIVATIONS
     is_gpt2_style = "n_embd" in raw and "hidden_size" not in raw
     ffn_default = 4 * hidden if is_gpt2_style and _is_number(hidden) else None
@@ -348,6 +357,9 @@ _MOE_TYPES = frozenset(
     {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "llama4_text"}
 )
 _TEXT_CONFIG_TYPES = frozenset({"llama4"})
+# Types whose every attention layer is multi-head latent attention (transformers'
+# DeepseekV2Attention / DeepseekV3Attention project keys and values through kv_lora_rank).
+_MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
 # Optional counts read as written (a value that is no count is refused by its field's rule, never
 # skipped); 0 or absent: none.
 _OPTIONAL_MOE_KEYS = {
@@ -365,6 +377,9 @@ def _given(value: Any) -> bool:
 def _hf_moe_fields(get: _Reader, model_type: str) -> Entry:
     config = get.config
     out = _expert_fields(get, model_type)
+    if model_type in _MLA_TYPES and not _given(config.get("kv_lora_rank")):  # never read as plain attention
+        rank, key = config.get("kv_lora_rank"), f"{get.prefix}kv_lora_rank"
+        raise get.fail(f"{key} must be a positive integer ({model_type} attends through MLA); got {rank!r}")
     if _given(config.get("kv_lora_rank")):
         out["kv_lora_rank"] = get("kv_lora_rank", to="kv_lora_rank")
         out["q_lora_rank"] = get("q_lora_rank", default=0, to="q_lora_rank")
@@ -409,6 +424,12 @@ def _expert_fields(get: _Reader, model_type: str) -> Entry:
     if _given(config.get("n_group")) and config["n_group"] != 1:  # one group: routing is not limited
         out["route_groups"] = get("n_group", to="route_groups")
         out["route_group_topk"] = get("topk_group", to="route_group_topk")
+    freq = config.get("moe_layer_freq")
+    if freq is not None and (isinstance(freq, bool) or freq != 1):  # DeepSeek's own code: layer % freq == 0
+        raise get.fail(
+            f"{get.prefix}moe_layer_freq = {freq!r}: only 1 is read (every layer after first_k_dense_replace is "
+            "MoE); transformers' DeepSeek models ignore the key where DeepSeek's own code uses it"
+        )
     if config.get("mlp_only_layers"):
         raise get.fail("mlp_only_layers: dense layers at chosen positions are not modelled")
     return out
@@ -526,7 +547,10 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
     # An encoder (BERT, RoBERTa, ModernBERT): the file names a masked-language-model head, the class
     # transformers' AutoModelForMaskedLM maps its type to (models/auto/modeling_auto.py), and
     # does not make it a decoder (`is_decoder`, BertConfig's switch to a causal mask).
-    masked = [a for a in config.get("architectures") or () if str(a).endswith("ForMaskedLM")]
+    names = config.get("architectures")
+    if names is not None and not (isinstance(names, list) and all(isinstance(a, str) for a in names)):
+        raise _fail(origin, f"architectures must be a list of class names; got {names!r}")
+    masked = [a for a in names or () if a.endswith("ForMaskedLM")]
     if masked and not config.get("is_decoder"):
         raise _fail(origin, f"architectures {masked[0]!r} is an encoder (a masked language model): {_DECODER_ONLY}")
 
