@@ -11,7 +11,8 @@ them:
   ``_set_batch_related_parameters``: accumulation 1 when only one is given) and all three must
   agree with the data-parallel ranks; the file's ``gradient_accumulation_steps`` is returned as
   ``accumulation`` for it.
-* ``zero_optimization.stage``; ``offload_optimizer.device: cpu`` is ZeRO-Offload: the optimizer
+* ``zero_optimization.stage``; ``offload_optimizer.device: cpu`` (stage 1-3: stage 0, DeepSpeed's
+  default, runs no ZeRO optimizer, so DeepSpeed ignores it: refused) is ZeRO-Offload: the optimizer
   states and the gradients live in host DRAM and the step runs on the CPU (DeepSpeed CPU-Adam);
   ``offload_param.device: cpu`` (stage 3) adds the weights; ``nvme`` (ZeRO-Infinity's NVMe tier) is
   refused: the model has no NVMe offload tier. ``stage3_max_reuse_distance`` (default 1e9) is the
@@ -20,7 +21,8 @@ them:
   ``dtype``); none enabled is fp32, as DeepSpeed then trains. ``msamp.enabled`` (MS-AMP inside the
   DeepSpeed engine, ``opt_level`` O1, O2 or O3: azure.github.io/MS-AMP/docs/user-tutorial/usage,
   "Usage in DeepSpeed") runs the GEMMs in FP8 on top of them: ``fp8``. ``communication_data_type: fp32`` or
-  ``fp32_allreduce: true`` reduces gradients in fp32 (``grad_reduce``).
+  ``fp32_allreduce: true`` (a boolean: DeepSpeed takes any truthy value) reduces gradients in fp32
+  (``grad_reduce``).
 * ``tensor_parallel.autotp_size`` (AutoTP) is the tensor-parallel size.
 * ``"auto"`` (Hugging Face Trainer's placeholder, filled from its own arguments) is read as absent.
 """
@@ -77,7 +79,10 @@ def read(data: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
     comm = _given(data.get("communication_data_type"))
     if comm is not None and comm not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"{origin}: communication_data_type: must be fp32, fp16 or bf16; got {comm!r}")
-    if comm == "fp32" or _given(data.get("fp32_allreduce")) is True:
+    fp32 = _given(data.get("fp32_allreduce"))
+    if fp32 is not None and not isinstance(fp32, bool):  # DeepSpeed takes any truthy value: "no" would be on
+        raise ValueError(f"{origin}: fp32_allreduce: must be true or false; got {fp32!r}")
+    if comm == "fp32" or fp32 is True:
         plan["grad_reduce"] = "fp32"
     elif comm is not None:
         plan["grad_reduce"] = "model"
@@ -123,6 +128,11 @@ def _zero(z: dict[str, Any], origin: str) -> dict[str, Any]:
             raise ValueError(f"{origin}: zero_optimization.{key}.device: {device!r}: {why}")
         if key == "offload_param" and out.get("zero") != 3:
             raise ValueError(f"{origin}: zero_optimization.offload_param: needs stage 3 (DeepSpeed asserts it)")
+        if not out.get("zero"):  # stage 0 (DeepSpeed's default) has no ZeRO optimizer to offload: ignored there
+            raise ValueError(
+                f"{origin}: zero_optimization.offload_optimizer: needs stage 1, 2 or 3 (at stage 0 DeepSpeed "
+                "runs no ZeRO optimizer and ignores it)"
+            )
         offload.update(dict.fromkeys(states, "host-dram"))
     if offload:
         out["offload"] = offload

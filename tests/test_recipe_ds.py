@@ -83,6 +83,10 @@ def test_stage3_reuse_reduction_and_hugging_face_autos(tmp_path):
     [
         ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, ["offload_optimizer", "NVMe"]),
         ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, ["offload_param", "stage 3"]),
+        # the sixteenth fuzz: priced as ZeRO-Offload where DeepSpeed ignores it; "yes" read as off
+        ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, ["offload_optimizer", "1, 2"]),
+        ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, ["offload_optimizer", "stage 0"]),
+        ({"train_batch_size": 8, "fp32_allreduce": "yes"}, ["fp32_allreduce", "true or false", "'yes'"]),
         ({"zero_optimization": {"stage": 4}}, ["zero_optimization.stage", "0, 1, 2 or 3"]),
         ({"zero_optimization": {"stage": "two"}}, ["zero_optimization.stage", "integer"]),
         ({"zero_optimization": []}, ["zero_optimization", "object"]),
