@@ -128,6 +128,9 @@ def _check_node(origin: str, label: str, entry: Entry) -> None:
 # boost clock it sustains under its power limit: a T4 (70 W) holds about 900 of 1590 MHz in long
 # GEMMs and sustains about 24 of 65 TFLOP/s fp16 (0.37; 0.79 x 900/1590 = 0.45).
 DEFAULT_MAMF_SHARE = 0.79
+CLOCK_FIELDS = ("boost_clock_MHz", "sustained_clock_MHz")
+# The source of an efficiency derived from the clocks, so that an override of a clock derives it anew.
+CLOCK_DERIVED = "derived: DEFAULT_MAMF_SHARE (hetersim.catalog.check) x sustained_clock_MHz / boost_clock_MHz"
 # A measured figure under this share of its peak is a unit slip (PFLOP/s written as TFLOP/s reads as
 # 0.1 %), not a measurement: the lowest sustained share the sources above give is the T4's 0.37.
 MEASURED_FLOOR = 0.05
@@ -183,6 +186,9 @@ def _derive_efficiencies(origin: str, label: str, entry: Entry) -> None:
             )
         clock = min(float(entry["sustained_clock_MHz"]) / float(entry["boost_clock_MHz"]), 1.0)
         entry["gemm_eff_bf16"] = DEFAULT_MAMF_SHARE * clock
+        entry.setdefault("sources", {})["gemm_eff_bf16"] = CLOCK_DERIVED
+        if "gemm_eff_fp8" not in entry and entry["peak_tflops_fp8"] > 0:
+            entry["sources"]["gemm_eff_fp8"] = CLOCK_DERIVED
     entry.setdefault("gemm_eff_fp8", entry["gemm_eff_bf16"] if entry["peak_tflops_fp8"] > 0 else 0.0)
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .check import (
+    CLOCK_DERIVED,
+    CLOCK_FIELDS,
     HOST_REFS,
     MEASURED_FIELDS,
     _check_complete,
@@ -51,6 +53,9 @@ def apply_overrides(
                 f"{section}.{entry_key}.{eff} is set by the entry's {measured} (a measured figure wins); "
                 f"set {measured} instead",
             )
+    if "aliases" in raw:  # other names to look the key up by: nothing priced
+        raise _fail(origin, f"{section}.{entry_key}.aliases names the entry: an override of it changes nothing")
+    entry = _clock_derived_dropped(section, entry_key, entry, raw, origin)
     fragment = _parse_fragment(origin, section, entry_key, raw)
     merged = _merge(dict(entry), fragment, section)
     _restamp_sources(merged, fragment, section, origin)
@@ -81,3 +86,21 @@ def _from_text(section: Section, name: str, value: Any) -> Any:
     if spec.kind == "flag":
         return {"true": True, "false": False}.get(text.lower(), value)
     return value
+
+
+def _clock_derived_dropped(section: Section, key: str, entry: Mapping[str, Any], raw: Mapping[str, Any], origin: str):
+    """``entry`` without the matmul efficiencies its clocks gave it where ``raw`` sets a clock (so
+    they are derived from the new one); a clock of an entry whose efficiency is given or measured
+    would change nothing, and is refused."""
+    if section != "gpus" or not set(CLOCK_FIELDS) & raw.keys() or "gemm_eff_bf16" in raw:
+        return entry
+    sources = entry.get("sources", {})
+    derived = {f for f in ("gemm_eff_bf16", "gemm_eff_fp8") if sources.get(f) == CLOCK_DERIVED and f not in raw}
+    if "gemm_eff_bf16" not in derived:
+        clock = next(f for f in CLOCK_FIELDS if f in raw)
+        raise _fail(
+            origin,
+            f"{section}.{key}.{clock} changes nothing: the entry's gemm_eff_bf16 is given, and a clock only sets "
+            "that of a device without one; set gemm_eff_bf16 or measured_gemm_tflops_bf16 instead",
+        )
+    return {k: v for k, v in entry.items() if k not in derived}

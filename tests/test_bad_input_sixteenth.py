@@ -1,0 +1,56 @@
+"""Defects found by the sixteenth bad-input fuzz (a helper session, /tmp/fz15: plan files, Hugging
+Face configs, ``--set``, DeepSpeed configs, sensitivity / bench / calibrate flags, studies), each a
+one-line ``error: ...`` naming the file, key or flag, exit 2, nothing written; and the numbers an
+override that used to change nothing now changes. (The Hugging Face and DeepSpeed cases sit with
+their readers' tests: tests/test_bad_input_models.py, tests/test_recipe_ds.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hetersim.catalog import load_catalog
+from hetersim.catalog.check import CLOCK_DERIVED, DEFAULT_MAMF_SHARE
+from hetersim.catalog.overrides import apply_overrides
+from tests import test_bad_input as base
+from tests.test_bad_input import check_refused
+
+tmp = base.tmp  # the fixture: a prepared folder, the current one
+KINDS = Path(__file__).resolve().parent / "data" / "plans" / "kinds.toml"  # a user catalog: the T4 by its clocks
+EVAL = ["evaluate", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "64"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        # a clock of a device whose matmul efficiency is measured: accepted, and it changed nothing
+        (
+            [*EVAL, "--gpu", "h100-sxm-80gb", "--set", "sustained_clock_MHz=99999"],
+            ["--set", "gpus.h100-sxm-80gb.sustained_clock_MHz changes nothing", "set gemm_eff_bf16"],
+        ),
+        (
+            [*EVAL, "--gpu", "h100-sxm-80gb", "--set", "aliases=h200"],
+            ["--set", "gpus.h100-sxm-80gb.aliases names the entry: an override of it changes nothing"],
+        ),
+    ],
+    ids=["clock-of-measured", "aliases"],
+)
+def test_an_override_that_would_change_nothing_is_refused(tmp, args, fragments):
+    check_refused(tmp, args, fragments)
+
+
+def test_a_clock_override_derives_the_matmul_efficiency_anew():
+    """A device priced by its clocks (no measured matmul figure): ``--set sustained_clock_MHz``
+    used to keep the efficiency the entry's own clocks gave it at load; it is derived from the new
+    clock, and a clock above the boost clock is capped at it."""
+    catalog = load_catalog([KINDS])
+    t4 = catalog.gpus["t4-16gb"]
+    assert t4["sources"]["gemm_eff_bf16"] == CLOCK_DERIVED
+    assert t4["gemm_eff_bf16"] == pytest.approx(DEFAULT_MAMF_SHARE * 900 / 1590)
+    slower = apply_overrides("gpus", "t4-16gb", t4, {"sustained_clock_MHz": "450"}, catalog=catalog)
+    assert slower["gemm_eff_bf16"] == pytest.approx(DEFAULT_MAMF_SHARE * 450 / 1590)
+    held = apply_overrides("gpus", "t4-16gb", t4, {"boost_clock_MHz": "900"}, catalog=catalog)
+    assert held["gemm_eff_bf16"] == pytest.approx(DEFAULT_MAMF_SHARE)
+    given = apply_overrides("gpus", "t4-16gb", t4, {"sustained_clock_MHz": "450", "gemm_eff_bf16": "0.5"})
+    assert given["gemm_eff_bf16"] == 0.5  # an efficiency given beside the clock wins
