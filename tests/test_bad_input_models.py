@@ -139,6 +139,9 @@ FILES = {
     "dsv3-moe-freq-2": {**DEEPSEEK_V3, "moe_layer_freq": 2},
     "dsv3-moe-freq-0": {**DEEPSEEK_V3, "moe_layer_freq": 0},
     "arch-str": {**LLAMA31_8B, "architectures": "LlamaForCausalLM"},
+    # an encoder whose file names no masked-LM head (its base class, or no architectures): priced
+    "bert-base-class": {**BERT, "architectures": ["BertModel"]},
+    "roberta-no-arch": {k: v for k, v in BERT.items() if k != "architectures"} | {"model_type": "roberta"},
 }
 
 
@@ -199,6 +202,8 @@ CASES = [
     ("dsv3-moe-freq-2", ["moe_layer_freq = 2: only 1 is read"]),
     ("dsv3-moe-freq-0", ["moe_layer_freq = 0: only 1 is read"]),
     ("arch-str", ["architectures must be a list of class names; got 'LlamaForCausalLM'"]),
+    ("bert-base-class", ["model_type 'bert' is an encoder", "only decoder-only transformers are modelled"]),
+    ("roberta-no-arch", ["model_type 'roberta' is an encoder", "only decoder-only transformers are modelled"]),
 ]
 
 

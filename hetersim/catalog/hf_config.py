@@ -517,6 +517,15 @@ _NESTED_MOE_KEYS = (*_MOE_KEYS, "moe_num_experts")
 # layers the model has no cost for, so a config with any of them is refused.
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 _DECODER_ONLY = "only decoder-only transformers are modelled"
+# The types with a masked-language-model head: transformers 5.25 MODEL_FOR_MASKED_LM_MAPPING_NAMES
+# (models/auto/modeling_auto.py). One is an encoder unless the file makes it a decoder (is_decoder).
+_MASKED_LM_TYPES = frozenset(
+    "albert bart bert big_bird camembert convbert data2vec-text deberta deberta-v2 distilbert electra ernie esm esmc "
+    "eurobert flaubert fnet funnel gte ibert jina_embeddings_v3 layoutlm longformer luke mbart megatron-bert "
+    "mobilebert modernbert modernvbert mpnet mra mvp neomme nomic_bert nystromformer perceiver reformer rembert "
+    "roberta roberta-prelayernorm roc_bert roformer squeezebert tapas ultrabert ultravbert xlm xlm-roberta "
+    "xlm-roberta-xl xmod yoso".split()
+)
 
 
 def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
@@ -553,6 +562,8 @@ def _refuse_unmodelled(config: dict[str, Any], origin: str) -> None:
     masked = [a for a in names or () if a.endswith("ForMaskedLM")]
     if masked and not config.get("is_decoder"):
         raise _fail(origin, f"architectures {masked[0]!r} is an encoder (a masked language model): {_DECODER_ONLY}")
+    if model_type in _MASKED_LM_TYPES and not config.get("is_decoder"):  # BertModel, or no architectures
+        raise _fail(origin, f"model_type {model_type!r} is an encoder (is_decoder makes it causal): {_DECODER_ONLY}")
 
 
 def _training_seq_len(get: _Reader) -> tuple[Any, str]:
