@@ -9,7 +9,6 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import tomllib
@@ -18,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dse.metrics import METRICS, constraint_keys, constraint_metric
+from dse.metrics import METRICS
+from dse.study_checks import StudyError, _check_inert, _check_possible, _check_unused_axes, _constraints, _err
 from hetersim import hplan, planfields, tomltext
 from hetersim.catalog import Catalog, apply_overrides, load_catalog, model_from_json
 from hetersim.types import ATTENTION, HETERO_MODES, MAX_GROUPS, OFFLOAD_STATE, ORDER, RECOMPUTE, TIER, ZERO_STAGES
@@ -33,10 +33,6 @@ PLAN_AXES = planfields.AXES
 CATEGORICAL = planfields.CHOICES
 PLAN_DEFAULTS: dict[str, Any] = {k: planfields.DEFAULTS[k] for k in PLAN_AXES if k in planfields.DEFAULTS}
 PLAN_SCALARS = planfields.SCALARS
-# Study-wide fields that do nothing at a point without pipeline stages, ZeRO-3, experts or MLA.
-INERT_SCALARS = ("cpu_optimizer", "pp_layout", "zero3_prefetch", "reuse_Mparams", "mla_up_proj", "fused_experts")
-INERT_SCALARS += ("moe_imbalance", "fp8_attention")
-AT_EVERY = ("pp", "zero", "precision", "ep")  # the axes an inert study-wide field is checked at
 
 
 def fixed_plan(scalars: Mapping[str, Any]) -> dict[str, Any]:
@@ -256,7 +252,7 @@ def _plan_axes(origin: str, plan_t: Mapping[str, Any], axes: dict, models: Mappi
         if key not in axes:
             axes[key] = _plan_axis(origin, key, raw[key], ctx)
     axes = {k: axes[k] for k in ("model", "gpu", "n_gpus", *PLAN_AXES)}
-    _check_possible(origin, axes)
+    _check_possible(origin, axes, models)
     _check_unused_axes(origin, axes, models)
     return axes
 
@@ -285,19 +281,6 @@ def _clusters(origin: str, hw: Mapping[str, Any]) -> tuple[dict[str, tuple[tuple
             raise _err(origin, "hardware.cluster", f"{mix!r} has {len(groups)} groups; at most {MAX_GROUPS}")
         out[",".join(f"{k}:{c}" for k, c in groups)] = tuple(groups)
     return out, hetero
-
-
-class StudyError(ValueError):
-    """A problem with a study file: its origin, the key (None: the whole file) and what is wrong."""
-
-    def __init__(self, origin: str, key: str | None, message: str) -> None:
-        self.origin, self.key, self.message = origin, key, message
-        where = f"study file {origin}" if key is None else f"study file {origin}: {key}"
-        super().__init__(f"{where}: {message}")
-
-
-def _err(origin: str, key: str | None, message: str) -> StudyError:
-    return StudyError(origin, key, message)
 
 
 def _known(origin: str, section: str | None, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -475,66 +458,6 @@ def _plan_axis(origin: str, key: str, value: Any, ctx: _AutoContext) -> tuple[An
     return _ints(origin, full, value, lo=int(f.lo), hi=None if math.isinf(f.hi) else int(f.hi))
 
 
-def _check_possible(origin: str, axes: Mapping[str, tuple[Any, ...]]) -> None:
-    """Values that no combination of the other axes can use."""
-    n_gpus = axes["n_gpus"]
-    for key in ("tp", "pp", "cp"):
-        for v in axes[key]:
-            if not any(n % v == 0 for n in n_gpus):
-                ns = ", ".join(map(str, n_gpus))
-                raise _err(origin, f"plan.{key}", f"{v} divides none of hardware.n_gpus ({ns})")
-    for b in axes["micro_batch"]:
-        if b > max(axes["global_batch"]):
-            raise _err(origin, "plan.micro_batch", f"{b} is larger than every plan.global_batch")
-
-
-def _check_unused_axes(origin: str, axes: Mapping[str, tuple[Any, ...]], models: Mapping) -> None:
-    """Axes no point can use: expert options without MoE models (else data), shard_group at ZeRO 0."""
-    experts, default = any(int(m.get("n_experts", 0) or 0) > 1 for m in models.values()), PLAN_DEFAULTS["dispatcher"]
-    moe = f"needs a mixture-of-experts model; the study's models ({', '.join(models)}) have no experts"
-    wide = [] if experts else [(k, v, "1", moe) for k in ("ep", "etp") for v in axes[k] if v > 1]
-    wide += [] if experts or not any(axes["ep_overlap"]) else [("ep_overlap", True, "false", moe)]
-    wide += [] if experts else [("dispatcher", v, default, moe) for v in axes["dispatcher"] if v != default]
-    zero0 = "shards the ZeRO / FSDP states; every point has plan.zero 0"
-    wide += [] if any(axes["zero"]) else [("shard_group", v, "0", zero0) for v in axes["shard_group"] if v]
-    if wide:
-        key, value, use, why = wide[0]
-        raise _err(origin, f"plan.{key}", f"{value} {why} (use {use})")
-
-
-def _check_inert(origin: str, axes: Mapping[str, tuple[Any, ...]], scalars: dict[str, Any], models: Mapping) -> dict:
-    """A plan field the study fixes that changes nothing at any of its points (``pp_layout`` with
-    pp 1 only, ``fused_experts`` without an MoE model: :func:`hetersim.api.check_inert`, one field
-    at a time) is the user's own contradiction; one that some points use leaves the rest as data.
-    Returns ``scalars``."""
-    from hetersim.api import check_inert
-    from hetersim.types import FieldError
-
-    offload = dict(scalars.get("offload") or {})
-    for name in [n for n in INERT_SCALARS if n in scalars]:
-        alone = {name: scalars[name], "offload": offload if name == "cpu_optimizer" else {}}
-        error: FieldError | None = None
-        for model, *point in itertools.product(models.values(), *(axes[k] for k in AT_EVERY)):
-            try:
-                check_inert(model, alone, {**alone, **dict(zip(AT_EVERY, point, strict=True))})
-                break
-            except FieldError as e:
-                error = e
-        else:
-            if error is not None:
-                where = "at every point of the study: " + ", ".join(f"plan.{k} {list(axes[k])}" for k in AT_EVERY)
-                raise _err(origin, f"plan.{name}", f"{error.named({f: f'plan.{f}' for f in error.fields})} ({where})")
-    return scalars
-
-
-def _number(origin: str, key: str, value: Any) -> float:
-    """A positive finite number (a constraint's bound)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value <= 0:
-        raise _err(origin, key, f"must be a positive number; got {value!r}")
-    return float(value)
-
-
 def _plan_scalars(origin: str, plan_t: Mapping[str, Any]) -> dict[str, Any]:
     """The study-wide plan fields (:data:`PLAN_SCALARS`), checked by their registry kind."""
     out: dict[str, Any] = {}
@@ -565,28 +488,6 @@ def _offload(origin: str, table: Mapping[str, Any]) -> dict[str, str]:
         if tier not in TIER[1:]:
             raise _err(origin, f"plan.offload.{state}", f"must be one of {', '.join(TIER[1:])}; got {tier!r}")
     return dict(table)
-
-
-def _constraints(origin: str, table: Mapping[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in table.items():
-        found = constraint_metric(key)
-        if found is None:
-            allowed = ", ".join(constraint_keys())
-            message = f"unknown constraint; allowed: max_<metric> or min_<metric>: {allowed}"
-            raise _err(origin, f"constraints.{key}", message)
-        metric, _ = found
-        v = _number(origin, f"constraints.{key}", value)
-        if metric == "hbm_frac" and v > 1.0:
-            raise _err(origin, f"constraints.{key}", f"must be in (0, 1]; got {value!r}")
-        out[key] = v
-    for key, low in out.items():
-        metric, sense = constraint_metric(key)  # type: ignore[misc]
-        high = out.get(f"max_{metric}")
-        if sense == "min" and high is not None and low > high:
-            message = f"{low:g} is above constraints.max_{metric} ({high:g}); no configuration can meet both"
-            raise _err(origin, f"constraints.{key}", message)
-    return out
 
 
 def _objectives(origin: str, value: Any) -> tuple[str, ...]:

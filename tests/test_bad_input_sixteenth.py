@@ -54,3 +54,48 @@ def test_a_clock_override_derives_the_matmul_efficiency_anew():
     assert held["gemm_eff_bf16"] == pytest.approx(DEFAULT_MAMF_SHARE)
     given = apply_overrides("gpus", "t4-16gb", t4, {"sustained_clock_MHz": "450", "gemm_eff_bf16": "0.5"})
     assert given["gemm_eff_bf16"] == 0.5  # an efficiency given beside the clock wins
+
+
+def _study(model: str, n_gpus: int, plan: str, extra: str = "") -> str:
+    return (
+        f'name = "s"\n[model]\nkey = "{model}"\n[hardware]\ngpu = "h100-sxm-80gb"\nn_gpus = {n_gpus}\n'
+        f"[plan]\nglobal_batch = 256\nseq_len = 4096\n{plan}\n{extra}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        # every point infeasible, the sweep rc 0: a share bound above 1, expert parallelism that fits
+        # no model's experts or no GPU count, DualPipe with no even pipeline
+        (
+            _study("llama2-7b", 8, "tp = 1", "[constraints]\nmin_mfu = 5"),
+            ["constraints.min_mfu: must be in (0, 1] (mfu is a share); got 5"],
+        ),
+        (_study("llama2-7b", 8, "tp = 1", "[constraints]\nmin_goodput = 1.5"), ["constraints.min_goodput", "share"]),
+        (
+            _study("mixtral-8x7b", 64, "ep = 16"),
+            ["plan.ep: 16 divides the experts of none of the study's models (mixtral-8x7b: 8)"],
+        ),
+        (_study("mixtral-8x7b", 64, "ep = [1, 3]"), ["plan.ep: 3 divides none of hardware.n_gpus (64)"]),
+        (
+            _study("llama2-7b", 8, "pp = 1\ndualpipe = true"),
+            ["plan.dualpipe: true needs an even plan.pp >= 2 and plan.vp 1", "pp [1]", "(use false)"],
+        ),
+    ],
+    ids=["min-mfu-5", "min-goodput", "ep-over-experts", "ep-3", "dualpipe-pp1"],
+)
+def test_a_study_setting_no_point_can_use_is_refused(tmp, text, fragments):
+    (tmp / "s.toml").write_text(text)
+    check_refused(tmp, ["sweep", "{tmp}/s.toml", "--out", "{tmp}/o.nc"], ["{tmp}/s.toml", *fragments])
+
+
+def test_a_study_whose_dualpipe_or_ep_some_points_use_still_loads():
+    """A value some points can use leaves the rest as data: DualPipe beside an even pp, an ep that
+    divides the experts of one of two models."""
+    from dse.study import parse_study
+
+    both = parse_study(_study("llama2-7b", 8, "pp = [1, 2]\ndualpipe = [false, true]"))
+    assert both.axes["dualpipe"] == (False, True)
+    two = _study("mixtral-8x7b", 64, "ep = [1, 8]").replace('"mixtral-8x7b"', '["mixtral-8x7b", "llama2-7b"]')
+    assert parse_study(two).axes["ep"] == (1, 8)
