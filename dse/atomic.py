@@ -148,6 +148,9 @@ def check_own_output(path: str | Path, what: str, kind: str, reads: Iterable[str
     import tomllib
 
     target = check_target(path, what, reads)
+    other = {"JSON": ".toml", "TOML": ".json"}[kind]
+    if target.suffix.lower() == other:  # TOML text in o.json: every reader of that name would fail on it
+        raise ValueError(f"{what} {target}: this writes {kind}, not {other[1:].upper()}; give a .{kind.lower()} path")
     if target.is_file() and target.stat().st_size:
         try:
             text = target.read_text(encoding="utf-8")

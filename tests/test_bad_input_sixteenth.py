@@ -6,6 +6,7 @@ their readers' tests: tests/test_bad_input_models.py, tests/test_recipe_ds.py.)"
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,33 @@ def test_a_study_whose_dualpipe_or_ep_some_points_use_still_loads():
     assert both.axes["dualpipe"] == (False, True)
     two = _study("mixtral-8x7b", 64, "ep = [1, 8]").replace('"mixtral-8x7b"', '["mixtral-8x7b", "llama2-7b"]')
     assert parse_study(two).axes["ep"] == (1, 8)
+
+
+@pytest.mark.parametrize("models", ["llama2-7b,LLAMA2-7B", "llama2-7b,llama-2-7b"])
+def test_bench_refuses_one_model_named_twice_under_another_spelling(tmp, models):
+    args = ["bench", "--models", models, "--configs", "16", "--chunk", "16", "--one-at-a-time", "0"]
+    check_refused(tmp, args, ["--models: 'llama2-7b' and", "name the same catalog model; give it once"])
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["calibrate", "--steps", "2", "--out", "{tmp}/o.json"], ["--out", "o.json: this writes TOML, not JSON"]),
+        (["validate", "--out", "{tmp}/o.toml"], ["--out", "o.toml: this writes JSON, not TOML; give a .json path"]),
+        (
+            ["sensitivity", *EVAL[1:], "--gpu", "h100-sxm-80gb", "--plan", "{tmp}/p.toml"],
+            ["--plan: sensitivity works on one device kind; leave --plan out"],
+        ),
+    ],
+    ids=["calibrate-json", "validate-toml", "sensitivity-plan"],
+)
+def test_a_misnamed_output_or_a_flag_sensitivity_cannot_use_is_named(tmp, args, fragments):
+    check_refused(tmp, args, fragments)
+
+
+def test_an_rdb_storage_without_its_driver_names_the_driver(tmp):
+    """Optuna's own message ("Please install appropriate one.") named no driver."""
+    if importlib.util.find_spec("MySQLdb") is not None:
+        pytest.skip("a MySQL driver is installed here: the URL fails on connecting instead")
+    args = ["optimize", base.SEARCH, "--trials", "1", "--storage", "mysql://nobody@nowhere/none", "--out", "{tmp}/o"]
+    check_refused(tmp, args, ["--storage mysql://", "driver for 'mysql' is not installed", "sqlite:///FILE"])

@@ -171,7 +171,8 @@ def sensitivity(**options: Any) -> None:
     metric, top, as_json = options.pop("metric"), options.pop("top"), options.pop("as_json")
     for key in ("cluster", "plan_file"):  # a plan file names kinds per replica
         if options.get(key):
-            raise ValueError(f"{FIELD_FLAGS[key]}: sensitivity works on one device kind; give --gpu")
+            instead = f"leave {FIELD_FLAGS[key]} out" if options.get("gpu") else "give --gpu instead"
+            raise ValueError(f"{FIELD_FLAGS[key]}: sensitivity works on one device kind; {instead}")
     sensitivity_report(configuration(**apply_recipe(options)), metric=metric, top=top, json_out=as_json)
 
 

@@ -102,7 +102,8 @@ def print_optimize_summary(con, s: Mapping[str, Any]) -> None:
     states = ", ".join(f"{n} {k}" for k, n in s["states"].items())
     visited = ""
     if s.get("outer_size"):
-        visited = f" of an outer space of {s['outer_size']:,} ({s['n_trials'] / s['outer_size']:.1%})"
+        share = s["n_distinct_points"] / s["outer_size"]  # trials may revisit a point: the distinct ones
+        visited = f" of an outer space of {s['outer_size']:,} ({share:.1%} of it visited)"
     con.print(
         f"[bold]{s['study']}[/bold]: {s['n_trials']:,} trials ({states}, {s['n_distinct_points']:,} distinct points)"
         f"{visited}; {s['n_feasible']:,} feasible, "

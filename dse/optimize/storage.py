@@ -188,8 +188,12 @@ def open_storage(storage: str | None):
         try:
             with experimental_ok():
                 return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
-        except ImportError as error:
-            raise ValueError(f"--storage {redact(storage)}: {error}") from None
+        except ImportError:  # Optuna's "Please install appropriate one." names no driver
+            scheme = storage.partition("://")[0]
+            raise ValueError(
+                f"--storage {redact(storage)}: SQLAlchemy's driver for {scheme!r} is not installed; install it "
+                "(mysql: mysqlclient or PyMySQL, postgresql: psycopg2), or give sqlite:///FILE or a journal file"
+            ) from None
         except Exception as error:  # sqlalchemy's errors: bad URL, cannot connect, missing driver
             line = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ValueError(f"--storage {redact(storage)}: cannot open ({line})") from None
