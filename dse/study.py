@@ -347,15 +347,10 @@ def _as_list(origin: str, key: str, value: Any) -> list[Any]:
 
 
 def _once(origin: str, key: str, names: list[str], catalog: Catalog, section: str) -> None:
-    """No two of ``names`` name one catalog entry (a model file or Hugging Face id names itself)."""
-    seen: dict[str, str] = {}
-    for name in names:
-        try:
-            same = seen.setdefault(catalog.key(section, name), name)
-        except ValueError:
-            same = seen.setdefault(name, name)
-        if same != name:
-            raise _err(origin, key, f"{same!r} and {name!r} name the same entry; give it once")
+    """No two of ``names`` name one catalog entry (:meth:`Catalog.same_entry`)."""
+    pair = catalog.same_entry(section, names)
+    if pair is not None:
+        raise _err(origin, key, f"{pair[0]!r} and {pair[1]!r} name the same entry; give it once")
 
 
 def _strings(origin: str, key: str, value: Any) -> tuple[str, ...]:

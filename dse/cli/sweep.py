@@ -151,15 +151,14 @@ def parse_models(text: str) -> tuple[str, ...]:
     if not all(names) or len(set(names)) != len(names):
         raise ValueError(f"--models: give distinct catalog model names separated by commas; got {text!r}")
     catalog = load_catalog()
-    seen: dict[str, str] = {}
     for name in names:
         try:
             catalog.model(name)
         except ValueError as error:
             raise ValueError(f"--models: {error}") from None
-        same = seen.setdefault(catalog.key("models", name), name)  # an alias or another case of one key
-        if same != name:
-            raise ValueError(f"--models: {same!r} and {name!r} name the same catalog model; give it once")
+    pair = catalog.same_entry("models", names)  # an alias or another case of one key
+    if pair is not None:
+        raise ValueError(f"--models: {pair[0]!r} and {pair[1]!r} name the same catalog model; give it once")
     return names
 
 

@@ -6,7 +6,7 @@ import copy
 import functools
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,19 @@ class Catalog:
         """The key of the entry of ``section`` that ``name`` names (its key, any spelling or alias)."""
         entries = self.section(section)
         return name if name in entries else self._resolve(entries, name, section)
+
+    def same_entry(self, section: Section, names: Iterable[str]) -> tuple[str, str] | None:
+        """The first two of ``names`` that name one entry by different spellings or aliases (a name
+        that is no entry's -- a model file, a Hugging Face id -- names itself); None if none do."""
+        seen: dict[str, str] = {}
+        for name in names:
+            try:
+                first = seen.setdefault(self.key(section, name), name)
+            except ValueError:
+                first = seen.setdefault(name, name)
+            if first != name:
+                return first, name
+        return None
 
     def _lookup(self, section: Section, key: str) -> Entry:
         return copy.deepcopy(self.section(section)[self.key(section, key)])
