@@ -292,10 +292,11 @@ def _hf_entry(config: dict[str, Any], raw: dict[str, Any], origin: str, name: st
     model_type = str(config.get("model_type", ""))
     hidden = get("hidden_size", "n_embd", "d_model", to="hidden")  # d_model, n_heads, n_layers: MosaicML's MPT
     heads = get("num_attention_heads", "n_head", "n_heads", to="heads")
-    activation = str(config.get("hidden_activation") or config.get("hidden_act", "")).lower()
+    act_key = next((k for k in ("hidden_activation", "hidden_act") if config.get(k)), None)  # Gemma: the first
+    activation = str(config[act_key]).lower() if act_key else ""
     if activation and activation not in _ACTIVATIONS:
-        key = prefix + ("hidden_activation" if config.get("hidden_activation") else "hidden_act")
-        raise get.fail(f"{key} {activation!r} is no activation transformers knows ({', '.join(sorted(_ACTIVATIONS))})")
+        known = ", ".join(sorted(_ACTIVATIONS))
+        raise get.fail(f"{prefix}{act_key} {activation!r} is no activation transformers knows ({known})")
     gated = model_type in _GATED_TYPES or activation in _GATED_ACTIVATIONS
     is_gpt2_style = "n_embd" in raw and "hidden_size" not in raw
     ffn_default = 4 * hidden if is_gpt2_style and _is_number(hidden) else None
